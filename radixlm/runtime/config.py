@@ -1,0 +1,154 @@
+"""Frozen configuration objects: the model's shape and the engine's options."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The shape of a decoder-only transformer, independent of where its weights came from."""
+
+    architecture: str
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: tuple[tuple[str, Any], ...] | None = None
+    context_length: int = 2048
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    qk_norm: bool = False
+    eos_token_ids: tuple[int, ...] = ()
+    bos_token_id: int | None = None
+
+    @property
+    def rope_scaling_dict(self) -> dict[str, Any] | None:
+        return dict(self.rope_scaling) if self.rope_scaling else None
+
+    @classmethod
+    def from_hf_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        """Build from a Hugging Face ``config.json`` dictionary."""
+        archs = d.get("architectures") or []
+        if not archs:
+            raise ValueError("config.json has no 'architectures' entry")
+        heads = d["num_attention_heads"]
+        eos = d.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        scaling = d.get("rope_scaling") or d.get("rope_parameters")
+        if scaling and scaling.get("rope_type", scaling.get("type")) in (None, "default"):
+            scaling = None
+        arch = archs[0]
+        return cls(
+            architecture=arch,
+            hidden_size=d["hidden_size"],
+            intermediate_size=d["intermediate_size"],
+            num_layers=d["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=d.get("num_key_value_heads") or heads,
+            head_dim=d.get("head_dim") or d["hidden_size"] // heads,
+            vocab_size=d["vocab_size"],
+            rms_norm_eps=d.get("rms_norm_eps", 1e-6),
+            rope_theta=d.get("rope_theta") or (scaling or {}).get("rope_theta", 10000.0),
+            rope_scaling=_freeze(scaling),
+            context_length=d.get("max_position_embeddings", 2048),
+            tie_word_embeddings=d.get("tie_word_embeddings", False),
+            attention_bias=arch.startswith("Qwen2") or d.get("attention_bias", False),
+            qk_norm=arch.startswith("Qwen3"),
+            eos_token_ids=eos_ids,
+            bos_token_id=d.get("bos_token_id"),
+        )
+
+    def with_overrides(self, **kw: Any) -> ModelConfig:
+        return dataclasses.replace(self, **kw)
+
+
+def _freeze(d: dict[str, Any] | None) -> tuple[tuple[str, Any], ...] | None:
+    if not d:
+        return None
+    return tuple(sorted((k, v) for k, v in d.items() if not isinstance(v, (dict, list))))
+
+
+SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs", "lof", "random")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    """Every option of the engine and server. Validated on construction, no I/O."""
+
+    model_path: str | None = None
+    tokenizer_path: str | None = None
+    load_format: str = "auto"
+    dtype: str = "auto"
+    device: str = "auto"
+    context_length: int | None = None
+    max_total_tokens: int | None = None
+    mem_fraction_static: float = 0.85
+    max_running_requests: int = 256
+    max_queued_requests: int | None = None
+    max_prefill_tokens: int = 8192
+    chunked_prefill_size: int | None = 2048
+    schedule_policy: str = "lpm"
+    disable_radix_cache: bool = False
+    page_size: int = 1
+    attention_backend: str | None = None
+    grammar_backend: str = "outlines"
+    disable_jump_forward: bool = False
+    disable_cuda_graph: bool = False
+    tp_size: int = 1
+    dp_size: int = 1
+    random_seed: int = 0
+    host: str = "127.0.0.1"
+    port: int = 30000
+    api_key: str | None = None
+    served_model_name: str | None = None
+    chat_template: str | None = None
+    log_level: str = "info"
+    stats_interval: float = 10.0
+    watchdog_timeout: float = 300.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check_choice("dtype", self.dtype, DTYPES)
+        _check_choice("load_format", self.load_format, LOAD_FORMATS)
+        _check_choice("schedule_policy", self.schedule_policy, SCHEDULE_POLICIES)
+        for name in ("max_running_requests", "max_prefill_tokens", "tp_size", "dp_size", "page_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("max_total_tokens", "context_length", "chunked_prefill_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 or None, got {value}")
+        if not 0.0 < self.mem_fraction_static < 1.0:
+            raise ValueError(f"mem_fraction_static must be in (0, 1), got {self.mem_fraction_static}")
+        if self.max_queued_requests is not None and self.max_queued_requests < 0:
+            raise ValueError(f"max_queued_requests must be >= 0, got {self.max_queued_requests}")
+
+    @classmethod
+    def from_kwargs(cls, **kw: Any) -> ServerArgs:
+        """Build from keyword options, rejecting unknown names with the list of known ones."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kw) - known)
+        if unknown:
+            raise ValueError(f"unknown engine option(s) {unknown}; known: {sorted(known)}")
+        return cls(**kw)
+
+    def replace(self, **kw: Any) -> ServerArgs:
+        return dataclasses.replace(self, **kw)
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")

@@ -1,0 +1,146 @@
+"""Engine: the in-process entry point, with the same request/response shapes as /generate."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from typing import Any, AsyncIterator, Iterator
+
+from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.io_struct import GenerateInput
+from radixlm.runtime.launcher import launch
+from radixlm.runtime.runtime import Runtime
+
+
+class Engine:
+    """Generate from a model without HTTP.
+
+    ``Engine(model_path=None, dtype="auto", **options)``: no path loads the embedded default
+    (SmolLM2-135M-Instruct); options are the fields of ``ServerArgs``.
+    """
+
+    def __init__(self, model_path: str | None = None, dtype: str = "auto", **options: Any) -> None:
+        self.server_args = ServerArgs.from_kwargs(model_path=model_path, dtype=dtype, **options)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="radixlm-engine", daemon=True)
+        self._thread.start()
+        self._runtime: Runtime | None = None
+        self._runtime = self._call(self._start())
+
+    async def _start(self) -> Runtime:
+        backend = await asyncio.get_running_loop().run_in_executor(None, launch, self.server_args)
+        return Runtime.start(self.server_args, backend)
+
+    @property
+    def tokenizer(self):
+        return self._runtime.tokenizer
+
+    @property
+    def info(self) -> dict:
+        return self._runtime.backend.info
+
+    # -- generation -----------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict | list[dict] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        return_logprob: bool = False,
+        logprob_start_len: int = -1,
+        top_logprobs_num: int = 0,
+        stream: bool = False,
+        rid: str | list[str] | None = None,
+        return_text_in_logprobs: bool = False,
+    ) -> dict | list[dict] | Iterator[dict]:
+        """Generate for one prompt (a dict), a batch (a list), or stream one prompt's chunks."""
+        obj = GenerateInput(
+            prompt, input_ids, sampling_params, rid, stream, return_logprob, logprob_start_len,
+            top_logprobs_num, return_text_in_logprobs,
+        )
+        if stream:
+            return self._stream(obj)
+        return self._call(self._runtime.generate(obj))
+
+    async def async_generate(self, prompt=None, sampling_params=None, input_ids=None, **kw):
+        """Awaitable ``generate``; with ``stream=True`` returns an async iterator of chunks."""
+        obj = GenerateInput(prompt, input_ids, sampling_params, **kw)
+        if obj.stream:
+            return self._async_stream(obj)
+        return await asyncio.wrap_future(
+            asyncio.run_coroutine_threadsafe(self._runtime.generate(obj), self._loop)
+        )
+
+    def _stream(self, obj: GenerateInput) -> Iterator[dict]:
+        q: queue.Queue = queue.Queue()
+        done = object()
+
+        async def pump() -> None:
+            try:
+                async for chunk in self._runtime.stream(obj):
+                    q.put(chunk)
+            except Exception as e:  # noqa: BLE001  (re-raised in the caller's thread)
+                q.put(e)
+            q.put(done)
+
+        future = asyncio.run_coroutine_threadsafe(pump(), self._loop)
+        try:
+            while (item := q.get()) is not done:
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+        finally:
+            future.cancel()
+
+    async def _async_stream(self, obj: GenerateInput) -> AsyncIterator[dict]:
+        q: asyncio.Queue = asyncio.Queue()
+        caller = asyncio.get_running_loop()
+
+        async def pump() -> None:
+            try:
+                async for chunk in self._runtime.stream(obj):
+                    caller.call_soon_threadsafe(q.put_nowait, chunk)
+            except Exception as e:  # noqa: BLE001
+                caller.call_soon_threadsafe(q.put_nowait, e)
+            caller.call_soon_threadsafe(q.put_nowait, None)
+
+        future = asyncio.run_coroutine_threadsafe(pump(), self._loop)
+        try:
+            while (item := await q.get()) is not None:
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+        finally:
+            future.cancel()
+
+    # -- control -------------------------------------------------------------------------------
+
+    def flush_cache(self) -> bool:
+        return self._call(self._runtime.flush_cache())
+
+    def get_server_info(self) -> dict:
+        return self._call(self._runtime.server_info())
+
+    def shutdown(self) -> None:
+        if self._runtime is not None:
+            runtime, self._runtime = self._runtime, None
+            self._call(runtime.close())
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5)
+
+    def _call(self, coro) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def __del__(self) -> None:
+        try:
+            self.shutdown()
+        except Exception:  # noqa: BLE001
+            pass

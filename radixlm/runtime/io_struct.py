@@ -1,0 +1,98 @@
+"""The request and response shapes shared by the Engine, ``/generate`` and the language backends."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class SingleRequest:
+    rid: str
+    text: str | None
+    input_ids: list[int] | None
+    sampling: dict[str, Any]
+    stream: bool = False
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    return_text_in_logprobs: bool = False
+
+
+@dataclass
+class GenerateInput:
+    """``/generate``'s body: one prompt or a batch, as text or token ids."""
+
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
+    rid: str | list[str] | None = None
+    stream: bool = False
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    return_text_in_logprobs: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_batch(self) -> bool:
+        if self.text is not None:
+            return not isinstance(self.text, str)
+        return bool(self.input_ids) and isinstance(self.input_ids[0], list)
+
+    def split(self) -> list[SingleRequest]:
+        """One SingleRequest per prompt and per sample (``n``), validating the shapes."""
+        if (self.text is None) == (self.input_ids is None):
+            raise ValueError("exactly one of text and input_ids must be given")
+        prompts = self._prompts()
+        params = self._per_prompt(self.sampling_params, len(prompts), "sampling_params", dict)
+        rids = self._per_prompt(self.rid, len(prompts), "rid", str)
+        out = []
+        for prompt, p, rid in zip(prompts, params, rids):
+            p = dict(p or {})
+            n = p.pop("n", 1) or 1
+            if not isinstance(n, int) or n < 1:
+                raise ValueError(f"n must be an integer >= 1, got {n!r}")
+            rid = rid or uuid.uuid4().hex
+            for i in range(n):
+                sp = dict(p)
+                if n > 1 and sp.get("sampling_seed", sp.get("seed")) is not None:
+                    sp["sampling_seed"] = sp.pop("sampling_seed", sp.pop("seed", 0)) + i
+                out.append(self._single(prompt, sp, rid if n == 1 else f"{rid}-{i}"))
+        return out
+
+    def _prompts(self) -> list[Any]:
+        if self.text is not None:
+            prompts = [self.text] if isinstance(self.text, str) else list(self.text)
+            if not all(isinstance(t, str) for t in prompts):
+                raise ValueError("text must be a string or a list of strings")
+        else:
+            prompts = self.input_ids if self.is_batch else [self.input_ids]
+            if not all(isinstance(t, int) for ids in prompts for t in ids):
+                raise ValueError("input_ids must be a list of ints or a list of such lists")
+        if not prompts:
+            raise ValueError("the batch is empty")
+        return prompts
+
+    @staticmethod
+    def _per_prompt(value: Any, n: int, name: str, kind: type) -> list[Any]:
+        if value is None or isinstance(value, kind):
+            return [value] * n
+        if isinstance(value, list) and len(value) == n:
+            return value
+        raise ValueError(f"{name} must be a {kind.__name__} or a list of {n} of them")
+
+    def _single(self, prompt: Any, sampling: dict, rid: str) -> SingleRequest:
+        is_text = isinstance(prompt, str)
+        return SingleRequest(
+            rid=rid,
+            text=prompt if is_text else None,
+            input_ids=None if is_text else list(prompt),
+            sampling=sampling,
+            stream=self.stream,
+            return_logprob=self.return_logprob,
+            logprob_start_len=self.logprob_start_len,
+            top_logprobs_num=self.top_logprobs_num,
+            return_text_in_logprobs=self.return_text_in_logprobs,
+        )

@@ -1,0 +1,124 @@
+"""GGUF files: config and tokenizer from the metadata, weights dequantised with ``gguf``."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from radixlm.runtime.config import ModelConfig
+
+_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+# GGUF tensor name fragment -> Hugging Face name fragment
+_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+def open_gguf(path: str):
+    from gguf import GGUFReader
+
+    return GGUFReader(path)
+
+
+def _field(reader, key: str, default: Any = None) -> Any:
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def gguf_config(reader) -> ModelConfig:
+    """Build a ModelConfig from GGUF metadata."""
+    arch = _field(reader, "general.architecture")
+    if arch not in _ARCHS:
+        raise ValueError(f"unsupported GGUF architecture {arch!r}; supported: {sorted(_ARCHS)}")
+    p = arch + "."
+    heads = _field(reader, p + "attention.head_count")
+    hidden = _field(reader, p + "embedding_length")
+    vocab = _field(reader, p + "vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data)
+    names = {t.name for t in reader.tensors}
+    head_dim = _field(reader, p + "attention.key_length") or hidden // heads
+    return ModelConfig(
+        architecture=_ARCHS[arch],
+        hidden_size=hidden,
+        intermediate_size=_field(reader, p + "feed_forward_length"),
+        num_layers=_field(reader, p + "block_count"),
+        num_heads=heads,
+        num_kv_heads=_field(reader, p + "attention.head_count_kv") or heads,
+        head_dim=head_dim,
+        vocab_size=vocab,
+        rms_norm_eps=float(_field(reader, p + "attention.layer_norm_rms_epsilon", 1e-6)),
+        rope_theta=float(_field(reader, p + "rope.freq_base", 10000.0)),
+        context_length=_field(reader, p + "context_length", 2048),
+        tie_word_embeddings="output.weight" not in names,
+        attention_bias=arch == "qwen2",
+        qk_norm=arch == "qwen3",
+        eos_token_ids=(_field(reader, "tokenizer.ggml.eos_token_id"),),
+        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
+    )
+
+
+def gguf_weights(reader, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (Hugging Face name, float32 tensor), undoing llama.cpp's Q/K row permutation."""
+    from gguf.quants import dequantize
+
+    permute = config.architecture == "LlamaForCausalLM"
+    for t in reader.tensors:
+        array = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
+        array = array.reshape([int(d) for d in reversed(t.shape)])
+        name = _hf_name(t.name)
+        if permute and name.endswith("q_proj.weight"):
+            array = _unpermute(array, config.num_heads)
+        elif permute and name.endswith("k_proj.weight"):
+            array = _unpermute(array, config.num_kv_heads)
+        yield name, torch.from_numpy(np.array(array, copy=True))
+
+
+def _hf_name(name: str) -> str:
+    parts = name.split(".")
+    suffix = parts[-1]
+    if parts[0] == "blk":
+        return f"model.layers.{parts[1]}.{_NAMES[parts[2]]}.{suffix}"
+    return f"{_NAMES[parts[0]]}.{suffix}"
+
+
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Inverse of llama.cpp's ``permute``: interleaved rotary pairs back to rotate-halves order."""
+    rows = w.shape[0]
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def gguf_tokenizer(path: str):
+    """An HF fast tokenizer (with the chat template) built from the GGUF metadata.
+
+    Converting the GGUF vocabulary takes seconds, so the result is saved under
+    ``$RADIXLM_CACHE`` (default ``~/.cache/radixlm``) keyed by the file's size and mtime.
+    """
+    from transformers import AutoTokenizer
+
+    stat = os.stat(path)
+    root = os.environ.get("RADIXLM_CACHE", os.path.expanduser("~/.cache/radixlm"))
+    cache = os.path.join(root, "tokenizers", f"{os.path.basename(path)}-{stat.st_size}-{stat.st_mtime_ns}")
+    if os.path.isfile(os.path.join(cache, "tokenizer_config.json")):
+        return AutoTokenizer.from_pretrained(cache)
+    tokenizer = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    try:
+        tokenizer.save_pretrained(cache)
+    except OSError:
+        pass
+    return tokenizer

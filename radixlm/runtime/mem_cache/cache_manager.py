@@ -1,0 +1,121 @@
+"""Connects requests to the KV memory: request slots, slot allocation, the radix tree.
+
+NOTE: every KV slot is in exactly one place: the allocator's free list, the radix tree
+(evictable or protected), or owned by a running request beyond its ``tree_len``. When no request
+runs, ``free + evictable + protected == total``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from radixlm.runtime.mem_cache.memory_pool import ReqToTokenPool, SlotAllocator
+from radixlm.runtime.mem_cache.radix_cache import RadixCache
+from radixlm.runtime.scheduler.req import Req
+
+
+class CacheManager:
+    def __init__(
+        self, req_pool: ReqToTokenPool, allocator: SlotAllocator, tree: RadixCache | None
+    ) -> None:
+        self.req_pool = req_pool
+        self.allocator = allocator
+        self.tree = tree  # None: radix cache disabled
+        self.hit_tokens = 0
+        self.queried_tokens = 0
+
+    # -- admission -------------------------------------------------------------------------
+
+    def match_len(self, req: Req) -> int:
+        """Length of the cached prefix a request would reuse (no locking)."""
+        if self.tree is None:
+            return 0
+        return len(self.tree.match_prefix(req.fill_ids[: req.max_match_len]).slots)
+
+    def admit(self, req: Req) -> bool:
+        """Give ``req`` a request slot and its cached prefix. False when no slot is free."""
+        slot = self.req_pool.alloc()
+        if slot is None:
+            return False
+        req.slot, req.kv_len, req.tree_len, req.node = slot, 0, 0, None
+        if self.tree is not None:
+            slots, node = self.tree.match_prefix(req.fill_ids[: req.max_match_len])
+            self.tree.lock(node)
+            req.node, req.kv_len, req.tree_len = node, len(slots), len(slots)
+            self.req_pool.table[slot, : len(slots)] = slots.to(self.req_pool.table.device)
+        if req.retractions == 0:
+            req.cached_len = req.kv_len
+            self.hit_tokens += req.kv_len
+            self.queried_tokens += len(req.input_ids)
+        return True
+
+    def alloc(self, n: int) -> torch.Tensor | None:
+        """``n`` free KV slots, evicting unlocked cache entries if needed; None if impossible."""
+        if n > self.allocator.available and self.tree is not None:
+            self.allocator.free(self.tree.evict(n - self.allocator.available))
+        return self.allocator.alloc(n)
+
+    def assign(self, req: Req, slots: torch.Tensor) -> None:
+        """Record newly allocated slots for the next ``len(slots)`` positions of ``req``."""
+        n = len(slots)
+        self.req_pool.table[req.slot, req.kv_len : req.kv_len + n] = slots.to(self.req_pool.table.device)
+
+    # -- after compute -----------------------------------------------------------------------
+
+    def cache_prefix(self, req: Req) -> None:
+        """Move what ``req`` computed into the tree (re-locking), keeping the request running."""
+        if self.tree is None or req.kv_len <= req.tree_len:
+            return
+        row = self.req_pool.table[req.slot]
+        key = req.fill_ids[: req.kv_len]
+        present = self.tree.insert(key, row[: req.kv_len].cpu())
+        if present > req.tree_len:  # another request inserted these first: ours are duplicates
+            self.allocator.free(row[req.tree_len : present].cpu())
+        slots, node = self.tree.match_prefix(key)
+        row[: len(slots)] = slots.to(row.device)
+        self.tree.lock(node)
+        self.tree.unlock(req.node)
+        req.node, req.tree_len = node, len(slots)
+
+    def release(self, req: Req) -> None:
+        """Finish, abort or retract: cache what was computed, free the rest and the slot."""
+        if req.slot is None:
+            return
+        self.cache_prefix(req)
+        row = self.req_pool.table[req.slot]
+        self.allocator.free(row[req.tree_len : req.kv_len].cpu())
+        if self.tree is not None:
+            self.tree.unlock(req.node)
+        self.req_pool.free(req.slot)
+        req.slot, req.node, req.tree_len = None, None, 0
+
+    # -- accounting ----------------------------------------------------------------------------
+
+    @property
+    def evictable(self) -> int:
+        return self.tree.evictable_size if self.tree is not None else 0
+
+    @property
+    def protected(self) -> int:
+        return self.tree.protected_size if self.tree is not None else 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
+
+    def check_idle(self) -> None:
+        """Raise RuntimeError unless every slot is free or held by the tree."""
+        if self.tree is not None:
+            self.tree.check()
+        total = self.allocator.available + self.evictable + self.protected
+        if total != self.allocator.size or self.protected != 0:
+            raise RuntimeError(
+                f"KV leak: free {self.allocator.available} + evictable {self.evictable} + "
+                f"protected {self.protected} != total {self.allocator.size}"
+            )
+
+    def flush(self) -> None:
+        """Drop every cached prefix (only when no request runs)."""
+        if self.tree is not None:
+            self.allocator.free(self.tree.all_slots())
+            self.tree.reset()

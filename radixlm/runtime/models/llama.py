@@ -1,0 +1,87 @@
+"""Llama family: Llama 2/3 (llama3 RoPE scaling), SmolLM/SmolLM2, Mistral (no sliding window)."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from radixlm.runtime.config import ModelConfig
+from radixlm.runtime.executor.forward_batch import ForwardBatch
+from radixlm.runtime.models.layers import DecoderLayer, RMSNorm, RotaryEmbedding
+from radixlm.runtime.models.registry import register_model
+
+# HF checkpoint name fragment -> (our parameter fragment, shard index in the fused weight)
+_STACKED = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
+
+@register_model("LlamaForCausalLM", "MistralForCausalLM")
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary = RotaryEmbedding(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def forward(self, batch: ForwardBatch, backend) -> torch.Tensor:
+        """Return logits ``[len(batch.logits_indices), vocab]`` in float32."""
+        x = self.embed_tokens(batch.input_ids)
+        cos_sin = self.rotary.cos_sin(batch.positions, x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos_sin, batch, backend)
+        x = self.norm(x[batch.logits_indices])
+        return self.lm_head(x).float()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy Hugging Face-named tensors into this model, fusing q/k/v and gate/up."""
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for hf_name, tensor in weights:
+            name = hf_name.removeprefix("model.")
+            if "rotary_emb" in name or (name == "lm_head.weight" and self.config.tie_word_embeddings):
+                continue
+            name, shard = _fused_name(name)
+            if name not in params:
+                raise ValueError(f"checkpoint tensor {hf_name!r} has no place in {type(self).__name__}")
+            self._copy(params[name], tensor, shard, name)
+            loaded.add(name)
+        missing = sorted(set(params) - loaded)
+        if missing:
+            raise ValueError(f"checkpoint is missing tensors: {missing[:8]}")
+
+    def _copy(self, param: nn.Parameter, tensor: torch.Tensor, shard: int | None, name: str) -> None:
+        with torch.no_grad():
+            target = param.data if shard is None else _shard_view(param.data, name, shard, self)
+            if target.shape != tensor.shape:
+                raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != {tuple(target.shape)}")
+            target.copy_(tensor)
+
+
+def _fused_name(name: str) -> tuple[str, int | None]:
+    for frag, (fused, shard) in _STACKED.items():
+        if f".{frag}." in name:
+            return name.replace(frag, fused), shard
+    return name, None
+
+
+def _shard_view(data: torch.Tensor, name: str, shard: int, model: LlamaForCausalLM) -> torch.Tensor:
+    c = model.config
+    if "qkv_proj" in name:
+        q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        sizes = (q, kv, kv)
+    else:
+        sizes = (c.intermediate_size, c.intermediate_size)
+    start = sum(sizes[:shard])
+    return data.narrow(0, start, sizes[shard])

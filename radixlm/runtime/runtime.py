@@ -1,0 +1,82 @@
+"""A running runtime: the child processes plus the tokenizer manager, used by the Engine and the
+HTTP server alike."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from typing import Any, AsyncIterator
+
+from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.io_struct import GenerateInput
+from radixlm.runtime.launcher import Backend
+from radixlm.runtime.loader.loader import load_config, load_tokenizer
+from radixlm.runtime.tokenizer_manager import TokenizerManager
+
+logger = logging.getLogger(__name__)
+
+
+class Runtime:
+    def __init__(self, args: ServerArgs, backend: Backend, manager: TokenizerManager) -> None:
+        self.args = args
+        self.backend = backend
+        self.manager = manager
+        self.tokenizer = manager.tokenizer
+        self._watch = asyncio.get_running_loop().create_task(self._watchdog())
+
+    @classmethod
+    def start(cls, args: ServerArgs, backend: Backend) -> Runtime:
+        """Call on the loop that will serve requests."""
+        _, path, fmt = load_config(args)
+        manager = TokenizerManager(args, backend.ports, load_tokenizer(args, path, fmt), backend.info)
+        manager.start()
+        return cls(args, backend, manager)
+
+    async def _watchdog(self) -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            reason = self.backend.dead_reason()
+            if reason:
+                logger.error("%s; failing requests in flight", reason)
+                self.manager.fail_all(reason)
+                return
+
+    @property
+    def alive(self) -> bool:
+        return self.manager.dead is None and self.backend.dead_reason() is None
+
+    async def generate(self, obj: GenerateInput) -> dict | list[dict]:
+        reqs = obj.split()
+        results = await asyncio.gather(*(self.manager.generate_one(r) for r in reqs))
+        return list(results) if obj.is_batch or len(results) > 1 else results[0]
+
+    async def stream(self, obj: GenerateInput, incremental: bool = True) -> AsyncIterator[dict]:
+        """Chunks of one request; ``incremental`` chunks carry only the new text and ids."""
+        reqs = obj.split()
+        if len(reqs) != 1:
+            raise ValueError("streaming supports a single prompt with n=1")
+        sent_text, sent_ids = 0, 0
+        async for chunk in self.manager.generate(reqs[0]):
+            if incremental:
+                text, ids = chunk["text"], chunk["output_ids"]
+                chunk = {**chunk, "text": text[sent_text:], "output_ids": ids[sent_ids:]}
+                sent_text, sent_ids = len(text), len(ids)
+            yield chunk
+
+    async def flush_cache(self) -> bool:
+        return (await self.manager.control("flush_cache")).ok
+
+    async def server_info(self) -> dict[str, Any]:
+        stats = (await self.manager.control("stats")).data
+        return {
+            **{k: v for k, v in dataclasses.asdict(self.args).items() if k != "api_key"},
+            **self.backend.info,
+            "max_total_tokens": self.backend.info["max_total_tokens"],
+            "stats": stats,
+        }
+
+    async def close(self) -> None:
+        self._watch.cancel()
+        self.manager.close()
+        await asyncio.get_running_loop().run_in_executor(None, self.backend.shutdown)

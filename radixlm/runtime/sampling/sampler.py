@@ -1,0 +1,127 @@
+"""Turning logits into token ids: penalties, grammar masks, temperature, top-k/p, min-p, seeds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from radixlm.runtime.sampling import penalties
+from radixlm.runtime.sampling.params import SamplingParams
+
+
+@dataclass
+class SampleRow:
+    """What the sampler needs to know about one row of logits."""
+
+    params: SamplingParams
+    prompt_ids: list[int]
+    output_ids: list[int]
+    banned_ids: list[int]  # stop tokens not yet allowed (min_new_tokens)
+
+
+@dataclass
+class SampleOutput:
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[float, int]]] | None
+
+
+def sample(
+    logits: torch.Tensor, rows: list[SampleRow], bitmask: torch.Tensor | None = None, top_n: int = 0
+) -> SampleOutput:
+    """Pick one token per row. ``logits`` is ``[B, V]`` float32 and may be modified in place."""
+    logprobs_all = torch.log_softmax(logits, dim=-1)
+    logits = _apply_penalties(logits, rows)
+    banned = [(i, r.banned_ids) for i, r in enumerate(rows) if r.banned_ids]
+    if banned:
+        penalties.ban_tokens(logits, *map(list, zip(*banned)))
+    if bitmask is not None:
+        from radixlm.runtime.constrained.base import apply_bitmask
+
+        apply_bitmask(logits, bitmask)
+    ids = _choose(logits, rows)
+    chosen = logprobs_all.gather(1, ids[:, None]).squeeze(1)
+    top = None
+    if top_n > 0:
+        values, indices = logprobs_all.topk(top_n, dim=-1)
+        top = [list(zip(v, i)) for v, i in zip(values.tolist(), indices.tolist())]
+    return SampleOutput(ids.tolist(), chosen.tolist(), top)
+
+
+def _apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+    freq = [r.params.frequency_penalty for r in rows]
+    pres = [r.params.presence_penalty for r in rows]
+    rep = [r.params.repetition_penalty for r in rows]
+    vocab, device = logits.shape[1], logits.device
+    if any(freq) or any(pres):
+        counts = penalties.token_counts([r.output_ids for r in rows], vocab, device)
+        logits = penalties.apply_frequency_presence(
+            logits, counts, torch.tensor(freq, device=device), torch.tensor(pres, device=device)
+        )
+    if any(p != 1.0 for p in rep):
+        seen = penalties.token_counts([r.prompt_ids + r.output_ids for r in rows], vocab, device) > 0
+        logits = penalties.apply_repetition(logits, seen, torch.tensor(rep, device=device))
+    return logits
+
+
+def _choose(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+    greedy = logits.argmax(dim=-1)
+    sampled_rows = [i for i, r in enumerate(rows) if not r.params.is_greedy]
+    if not sampled_rows:
+        return greedy
+    idx = torch.tensor(sampled_rows, device=logits.device)
+    sub = [rows[i].params for i in sampled_rows]
+    probs = filtered_probs(logits[idx], sub)
+    noise = _exponential_noise(probs.shape, [rows[i] for i in sampled_rows], logits.device)
+    greedy[idx] = (probs / noise).argmax(dim=-1)
+    return greedy
+
+
+def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Softmax at each row's temperature, then top-k, top-p and min-p filtering."""
+    device = logits.device
+    temps = torch.tensor([p.temperature for p in params], device=device)[:, None]
+    probs = torch.softmax(logits / temps, dim=-1)
+    top_k = [p.top_k for p in params]
+    if any(k > 0 for k in top_k):
+        probs = top_k_filter(probs, torch.tensor([k if k > 0 else probs.shape[1] for k in top_k]))
+    top_p = [p.top_p for p in params]
+    if any(p < 1.0 for p in top_p):
+        probs = top_p_filter(probs, torch.tensor(top_p, device=device))
+    min_p = [p.min_p for p in params]
+    if any(p > 0.0 for p in min_p):
+        probs = min_p_filter(probs, torch.tensor(min_p, device=device))
+    return probs
+
+
+def top_k_filter(probs: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    sorted_probs = probs.sort(dim=-1, descending=True).values
+    kth = sorted_probs.gather(1, (k.to(probs.device) - 1).clamp(max=probs.shape[1] - 1)[:, None])
+    return torch.where(probs >= kth, probs, 0.0)
+
+
+def top_p_filter(probs: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    total = sorted_probs.sum(dim=-1, keepdim=True)
+    before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    keep_sorted = before < p[:, None] * total
+    keep = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
+    return torch.where(keep, probs, 0.0)
+
+
+def min_p_filter(probs: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    threshold = probs.max(dim=-1, keepdim=True).values * min_p[:, None]
+    return torch.where(probs >= threshold, probs, 0.0)
+
+
+def _exponential_noise(shape: torch.Size, rows: list[SampleRow], device: torch.device) -> torch.Tensor:
+    """Exp(1) noise; ``probs / noise`` argmax is a sample. Seeded rows use a generator keyed by
+    (seed, step), so their tokens do not depend on the rest of the batch."""
+    noise = torch.empty(shape, device=device).exponential_()
+    for i, r in enumerate(rows):
+        seed = r.params.sampling_seed
+        if seed is not None:
+            gen = torch.Generator(device=device).manual_seed((seed * 1_000_003 + len(r.output_ids)) % 2**63)
+            noise[i] = torch.empty(shape[1], device=device).exponential_(generator=gen)
+    return noise

@@ -1,0 +1,74 @@
+"""Constrained requests: compile off the loop, wait without blocking others, mask, advance."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.scheduler.output import token_out
+from radixlm.runtime.scheduler.req import Req
+
+
+class GrammarQueue:
+    def __init__(self, args: ServerArgs, runner: Any) -> None:
+        self.args = args
+        self.runner = runner
+        self.pending: list[Req] = []
+        self._compiler = None
+
+    @property
+    def compiler(self):
+        if self._compiler is None:
+            from radixlm.runtime.constrained.base import create_grammar_backend
+            from radixlm.runtime.constrained.compiler import GrammarCompiler
+
+            c = self.runner.config
+            backend = create_grammar_backend(
+                self.args.grammar_backend, self.runner.tokenizer, c.vocab_size, c.eos_token_ids
+            )
+            self._compiler = GrammarCompiler(backend)
+        return self._compiler
+
+    @staticmethod
+    def needs(req: Req) -> bool:
+        p = req.params
+        return p.regex is not None or p.json_schema is not None or p.choices is not None
+
+    def add(self, req: Req) -> None:
+        from radixlm.runtime.constrained.base import constraint_from_params
+
+        kind, spec = constraint_from_params(req.params.regex, req.params.json_schema, req.params.choices)
+        req.grammar = self.compiler.submit(kind, spec)
+        self.pending.append(req)
+
+    def ready(self, outbox: list) -> list[Req]:
+        """Requests whose grammar compiled; failures finish with an error in ``outbox``."""
+        done = [r for r in self.pending if r.grammar.done()]
+        for req in done:
+            self.pending.remove(req)
+            error = req.grammar.exception()
+            if error is not None:
+                req.finish = {"type": "abort", "message": f"grammar error: {error}"}
+                outbox.append(token_out(req, [], [], None))
+            else:
+                req.grammar = req.grammar.result().matcher()
+        return [r for r in done if r.finish is None]
+
+    def bitmask(self, reqs: list[Req], vocab_size: int) -> torch.Tensor | None:
+        if all(r.grammar is None for r in reqs):
+            return None
+        from radixlm.runtime.constrained.base import allocate_bitmask
+
+        mask = allocate_bitmask(len(reqs), vocab_size)
+        mask.fill_(-1)
+        for row, req in enumerate(reqs):
+            if req.grammar is not None:
+                req.grammar.fill_bitmask(mask, row)
+        return mask
+
+    @staticmethod
+    def advance(req: Req, token: int) -> None:
+        if req.grammar is not None and not req.grammar.is_terminated():
+            req.grammar.advance(token)

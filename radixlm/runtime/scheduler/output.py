@@ -1,0 +1,118 @@
+"""Post-processing of one step: stop checks, logprobs, and the messages for the detokenizer."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from radixlm.runtime.messages import TokenOut
+from radixlm.runtime.scheduler.batch_builder import LogitRows
+from radixlm.runtime.scheduler.req import Req
+
+
+class StopChecker:
+    """Decides whether a request is finished after it received a token."""
+
+    def __init__(self, tokenizer, eos_ids: tuple[int, ...], context_len: int) -> None:
+        self.tokenizer = tokenizer
+        self.eos_ids = set(eos_ids)
+        self.context_len = context_len
+
+    def check(self, req: Req, token: int) -> dict[str, Any] | None:
+        p = req.params
+        n = len(req.output_ids)
+        if req.grammar is not None and req.grammar.is_terminated():
+            return {"type": "stop", "matched": token if token in self.eos_ids else None}
+        if token in self.eos_ids and not p.ignore_eos:
+            return {"type": "stop", "matched": token}
+        if token in p.stop_token_ids:
+            return {"type": "stop", "matched": token}
+        if p.stop:
+            matched = self._stop_string(req)
+            if matched is not None:
+                return {"type": "stop", "matched": matched}
+        if n >= p.max_new_tokens:
+            return {"type": "length", "length": n}
+        if req.seq_len >= self.context_len:
+            return {"type": "length", "length": n}
+        return None
+
+    def _stop_string(self, req: Req) -> str | None:
+        window = max(len(s) for s in req.params.stop) + 8
+        tail = self.tokenizer.decode(req.output_ids[-window:], skip_special_tokens=False)
+        hits = [(tail.find(s), s) for s in req.params.stop if s in tail]
+        return min(hits)[1] if hits else None
+
+    def banned_ids(self, req: Req) -> list[int]:
+        """Stop tokens are not allowed before ``min_new_tokens``."""
+        if len(req.output_ids) >= req.params.min_new_tokens:
+            return []
+        eos = [] if req.params.ignore_eos else sorted(self.eos_ids)
+        return eos + list(req.params.stop_token_ids)
+
+
+def record_prompt_logprobs(rows: list[LogitRows], logits: torch.Tensor) -> None:
+    """Store the logprob of each prompt token scored in this step (and its top-n)."""
+    wanted = [(info, i) for info in rows for i in range(len(info.prompt_rows))]
+    if not wanted:
+        return
+    index = torch.tensor([info.prompt_rows[i] for info, i in wanted])
+    logprobs = torch.log_softmax(logits[index], dim=-1)
+    targets = torch.tensor([info.req.fill_ids[info.prompt_positions[i] + 1] for info, i in wanted])
+    chosen = logprobs.gather(1, targets[:, None]).squeeze(1).tolist()
+    top_n = max(info.req.logprob.top_n for info, _ in wanted)
+    top = logprobs.topk(top_n, dim=-1) if top_n else None
+    for k, (info, i) in enumerate(wanted):
+        n = info.req.logprob.top_n
+        entry = list(zip(top.values[k, :n].tolist(), top.indices[k, :n].tolist())) if n else None
+        info.req.logprob.prompt[info.prompt_positions[i]] = (chosen[k], entry)
+
+
+def token_out(req: Req, new_ids: list[int], logprobs: list[float], tops: list | None) -> TokenOut:
+    """The message for one request's progress in this step."""
+    meta: dict[str, Any] = {
+        "prompt_tokens": len(req.input_ids),
+        "completion_tokens": len(req.output_ids),
+        "cached_tokens": req.cached_len,
+    }
+    lp = req.logprob
+    if lp is not None:
+        meta["output_token_logprobs"] = [[p, t] for p, t in zip(logprobs, new_ids)]
+        if lp.top_n:
+            meta["output_top_logprobs"] = [[list(e) for e in row] for row in (tops or [])]
+        if not lp.prompt_sent and lp.start_len >= 0:
+            meta.update(_prompt_meta(req))
+            lp.prompt_sent = True
+    if req.finish is not None:
+        meta["e2e_latency"] = time.monotonic() - req.created
+    p = req.params
+    return TokenOut(
+        rid=req.rid,
+        new_ids=new_ids,
+        finish=req.finish,
+        meta=meta,
+        skip_special_tokens=p.skip_special_tokens,
+        stop=p.stop,
+        no_stop_trim=p.no_stop_trim,
+        stream=req.stream,
+    )
+
+
+def _prompt_meta(req: Req) -> dict[str, Any]:
+    lp = req.logprob
+    start = lp.start_len
+    entries, tops = [], []
+    for pos in range(start, len(req.input_ids)):
+        if pos == 0:
+            entries.append([None, req.input_ids[0]])
+            tops.append(None)
+            continue
+        value, top = lp.prompt.get(pos - 1, (None, None))
+        entries.append([value, req.input_ids[pos]])
+        tops.append([list(e) for e in top] if top else None)
+    meta: dict[str, Any] = {"input_token_logprobs": entries}
+    if lp.top_n:
+        meta["input_top_logprobs"] = tops
+    return meta

@@ -1,0 +1,71 @@
+"""The scheduler process: receive requests, step the model, send token ids on."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+import traceback
+
+import zmq
+
+from radixlm.runtime import ipc
+from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.messages import Batch
+from radixlm.runtime.scheduler.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+
+def run_scheduler_process(args: ServerArgs, ports: ipc.PortArgs, ready_pipe) -> None:
+    """Entry point of the scheduler process. Reports ``{"ok", ...info}`` on ``ready_pipe``."""
+    logging.basicConfig(level=args.log_level.upper(), format="[scheduler] %(levelname)s %(message)s")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = os.getppid()
+    try:
+        scheduler = Scheduler(args)
+        ctx = zmq.Context()
+        inbox = ipc.pull(ctx, ports.scheduler)
+        outbox = ipc.push(ctx, ports.detokenizer)
+    except Exception as e:  # noqa: BLE001  (reported to the parent, which raises it)
+        ready_pipe.send({"ok": False, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()})
+        return
+    ready_pipe.send({"ok": True, **model_info(scheduler)})
+    _loop(scheduler, inbox, outbox, args, parent)
+
+
+def model_info(scheduler: Scheduler) -> dict:
+    r = scheduler.runner
+    return {
+        "max_total_tokens": r.max_total_tokens,
+        "context_len": r.context_len,
+        "vocab_size": r.config.vocab_size,
+        "eos_token_ids": list(r.config.eos_token_ids),
+        "model_path": r.model_path,
+        "dtype": str(r.dtype).removeprefix("torch."),
+        "device": str(r.device),
+        "attention_backend": r.attention_backend_name,
+        "architecture": r.config.architecture,
+    }
+
+
+def _loop(scheduler: Scheduler, inbox, outbox, args: ServerArgs, parent: int) -> None:
+    last_log, was_busy = time.monotonic(), False
+    while os.getppid() == parent:
+        msgs = ipc.recv_all(inbox, 0 if scheduler.has_work else 200)
+        replies = [r for r in (scheduler.handle(m) for m in msgs) if r is not None]
+        outs = scheduler.step() if scheduler.has_work or scheduler.outbox else []
+        if outs or replies:
+            ipc.send(outbox, Batch(items=[*outs, *replies]))
+        if was_busy and not scheduler.has_work:
+            scheduler.idle_check_ok()
+        was_busy = scheduler.has_work
+        if time.monotonic() - last_log > args.stats_interval and scheduler.has_work:
+            last_log = time.monotonic()
+            s = scheduler.stats_dict()
+            logger.info(
+                "running %d, waiting %d, kv usage %.1f%%, hit rate %.1f%%, gen %.1f tok/s",
+                s["num_running"], s["num_waiting"], 100 * s["kv_usage"],
+                100 * s["cache_hit_rate"], s["gen_throughput"],
+            )

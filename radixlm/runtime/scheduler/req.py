@@ -1,0 +1,76 @@
+"""A request as the scheduler sees it: a few stored fields, the rest derived."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from radixlm.runtime.sampling.params import SamplingParams
+
+
+@dataclass
+class LogprobState:
+    """Logprob options and what has been collected so far."""
+
+    start_len: int = -1  # first prompt position to report; -1 = output tokens only
+    top_n: int = 0
+    prompt: dict[int, tuple[float, list[tuple[float, int]] | None]] = field(default_factory=dict)
+    prompt_sent: bool = False
+
+
+@dataclass(eq=False)
+class Req:
+    """One generation request.
+
+    ``kv_len`` counts the tokens of ``fill_ids`` whose KV is in the pool (matched from the cache
+    or computed); a request always has at least its newest token left to compute (the one whose logits give
+    the next token), so ``remaining >= 1`` while it runs.
+    """
+
+    rid: str
+    input_ids: list[int]
+    params: SamplingParams
+    logprob: LogprobState | None = None
+    stream: bool = False
+    output_ids: list[int] = field(default_factory=list)
+    kv_len: int = 0
+    cached_len: int = 0  # prompt tokens served from the radix cache (reported)
+    slot: int | None = None  # row in req_to_token
+    node: Any = None  # radix node locked for this request
+    tree_len: int = 0  # leading tokens whose slots belong to the radix tree
+    finish: dict[str, Any] | None = None
+    grammar: Any = None  # Matcher, or a Future while compiling
+    created: float = field(default_factory=time.monotonic)
+    first_token_time: float | None = None
+    retractions: int = 0
+
+    @property
+    def fill_ids(self) -> list[int]:
+        return self.input_ids + self.output_ids
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.input_ids) + len(self.output_ids)
+
+    @property
+    def remaining(self) -> int:
+        """Tokens still to run through the model before the next token can be sampled."""
+        return self.seq_len - self.kv_len
+
+    @property
+    def is_prefilling(self) -> bool:
+        return self.remaining > 1
+
+    @property
+    def finished(self) -> bool:
+        return self.finish is not None
+
+    @property
+    def max_match_len(self) -> int:
+        """How much of the prompt may come from the cache: at least one token must be computed,
+        and prompt logprobs need their logits recomputed."""
+        limit = self.seq_len - 1
+        if self.logprob is not None and self.logprob.start_len >= 0:
+            limit = min(limit, max(self.logprob.start_len - 1, 0))
+        return limit

@@ -1,0 +1,211 @@
+"""The scheduler: one step is schedule -> run -> post-process."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+
+from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.executor.model_runner import ModelRunner
+from radixlm.runtime.mem_cache.cache_manager import CacheManager
+from radixlm.runtime.mem_cache.memory_pool import SlotAllocator
+from radixlm.runtime.mem_cache.radix_cache import RadixCache
+from radixlm.runtime.messages import AbortReq, ControlOut, ControlReq, GenerateReq, TokenOut
+from radixlm.runtime.sampling.params import SamplingParams
+from radixlm.runtime.sampling.sampler import SampleRow, sample
+from radixlm.runtime.scheduler import admission
+from radixlm.runtime.scheduler.admission import Budget, StepPlan
+from radixlm.runtime.scheduler.batch_builder import LogitRows, build_batch
+from radixlm.runtime.scheduler.grammar_queue import GrammarQueue
+from radixlm.runtime.scheduler.output import StopChecker, record_prompt_logprobs, token_out
+from radixlm.runtime.scheduler.policy import get_policy
+from radixlm.runtime.scheduler.req import LogprobState, Req
+from radixlm.runtime.scheduler.stats import SchedulerStats
+
+logger = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(self, args: ServerArgs, runner: ModelRunner | None = None) -> None:
+        self.args = args
+        self.runner = runner or ModelRunner(args)
+        tree = None if args.disable_radix_cache else RadixCache(args.page_size)
+        allocator = SlotAllocator(self.runner.max_total_tokens)
+        self.cache = CacheManager(self.runner.req_pool, allocator, tree)
+        self.policy = get_policy(args.schedule_policy)
+        self.stop = StopChecker(
+            self.runner.tokenizer, self.runner.config.eos_token_ids, self.runner.context_len
+        )
+        self.grammars = GrammarQueue(args, self.runner)
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.stats = SchedulerStats()
+        self.outbox: list[TokenOut] = []
+
+    # -- requests in -------------------------------------------------------------------------
+
+    def handle(self, msg: Any) -> ControlOut | None:
+        if isinstance(msg, GenerateReq):
+            self.add_request(msg)
+        elif isinstance(msg, AbortReq):
+            self.abort(msg.rid)
+        elif isinstance(msg, ControlReq):
+            return self.control(msg)
+        return None
+
+    def add_request(self, msg: GenerateReq) -> None:
+        req = Req(msg.rid, list(msg.input_ids), SamplingParams.from_dict(msg.sampling), stream=msg.stream)
+        if msg.return_logprob:
+            req.logprob = LogprobState(msg.logprob_start_len, msg.top_logprobs_num)
+        if not req.input_ids or len(req.input_ids) >= self.runner.context_len:
+            self._finish_now(req, f"prompt has {len(req.input_ids)} tokens; the context length "
+                             f"is {self.runner.context_len}")
+        elif self.grammars.needs(req):
+            self.grammars.add(req)
+        else:
+            self.waiting.append(req)
+
+    def abort(self, rid: str) -> None:
+        for queue in (self.waiting, self.grammars.pending):
+            for req in [r for r in queue if r.rid == rid]:
+                queue.remove(req)
+                self._finish_now(req, "aborted")
+        for req in [r for r in self.running if r.rid == rid]:
+            self.running.remove(req)
+            self.cache.release(req)
+            self._finish_now(req, "aborted")
+
+    def _finish_now(self, req: Req, message: str) -> None:
+        req.finish = {"type": "abort", "message": message}
+        self.outbox.append(token_out(req, [], [], None))
+
+    def control(self, msg: ControlReq) -> ControlOut:
+        if msg.kind == "flush_cache":
+            if self.running or self.waiting:
+                return ControlOut(msg.cid, False, {"message": "cannot flush while requests run"})
+            self.cache.flush()
+            return ControlOut(msg.cid, True, {})
+        if msg.kind == "stats":
+            return ControlOut(msg.cid, True, self.stats_dict())
+        return ControlOut(msg.cid, False, {"message": f"unknown control request {msg.kind!r}"})
+
+    # -- one step ------------------------------------------------------------------------------
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting or self.grammars.pending)
+
+    def step(self) -> list[TokenOut]:
+        """Run one forward pass (if there is work) and return the messages it produced."""
+        self.waiting.extend(self.grammars.ready(self.outbox))
+        plan = self._schedule()
+        if plan.chunks:
+            batch, rows = build_batch(plan, self.cache)
+            logits = self.runner.forward(batch)
+            self._postprocess(plan, rows, logits)
+        out, self.outbox = self.outbox, []
+        return out
+
+    def _schedule(self) -> StepPlan:
+        plan = StepPlan()
+        while admission.plan_decodes(self.running, self.cache, plan):
+            self._retract(self._victim(self.running))
+        budget = Budget(self.args.max_prefill_tokens, self.args.chunked_prefill_size,
+                        self.args.max_running_requests)
+        ordered = self.policy(self.waiting, self.cache) if self.waiting else []
+        admission.plan_prefills(self.running, ordered, self.cache, budget, plan)
+        for req in plan.admitted:
+            self.waiting.remove(req)
+            self.running.append(req)
+        if not plan.chunks and len(self.running) > 1:
+            self._retract(self._victim([r for r in self.running if r.is_prefilling]))
+        return plan
+
+    def _victim(self, candidates: list[Req]) -> Req:
+        """The request with the least progress: fewest outputs, then the longest prompt."""
+        return min(candidates, key=lambda r: (len(r.output_ids), -len(r.input_ids)))
+
+    def _retract(self, req: Req) -> None:
+        """Send a running request back to the queue; what it computed stays cached."""
+        self.running.remove(req)
+        self.cache.release(req)
+        req.kv_len, req.retractions = 0, req.retractions + 1
+        self.stats.retractions += 1
+        self.waiting.append(req)
+
+    # -- post-processing ----------------------------------------------------------------------
+
+    def _postprocess(self, plan: StepPlan, rows: list[LogitRows], logits: torch.Tensor) -> None:
+        record_prompt_logprobs(rows, logits)
+        for chunk in plan.chunks:
+            chunk.req.kv_len += chunk.num_tokens
+        sampled = [info for info in rows if info.sample_row is not None]
+        if sampled:
+            self._sample(sampled, logits)
+        for chunk in plan.chunks:
+            req = chunk.req
+            if req.finished:
+                self.running.remove(req)
+                self.cache.release(req)
+                self.stats.finished(req)
+            elif chunk.num_tokens > 1:
+                self.cache.cache_prefix(req)
+        self.stats.step(plan.num_tokens, len(sampled))
+
+    def _sample(self, sampled: list[LogitRows], logits: torch.Tensor) -> None:
+        reqs = [info.req for info in sampled]
+        prefill_only = [r for r in reqs if r.params.max_new_tokens == 0]
+        for req in prefill_only:
+            req.finish = {"type": "length", "length": 0}
+            self.outbox.append(token_out(req, [], [], None))
+        reqs = [r for r in reqs if r.params.max_new_tokens > 0]
+        if not reqs:
+            return
+        index = torch.tensor([i.sample_row for i in sampled if i.req.params.max_new_tokens > 0])
+        rows = [SampleRow(r.params, r.input_ids, r.output_ids, self.stop.banned_ids(r)) for r in reqs]
+        top_n = max((r.logprob.top_n for r in reqs if r.logprob), default=0)
+        bitmask = self.grammars.bitmask(reqs, logits.shape[1])
+        result = sample(logits[index], rows, bitmask, top_n)
+        now = time.monotonic()
+        for i, req in enumerate(reqs):
+            token = result.token_ids[i]
+            req.output_ids.append(token)
+            req.first_token_time = req.first_token_time or now
+            self.grammars.advance(req, token)
+            req.finish = self.stop.check(req, token)
+            tops = [result.top_logprobs[i][: req.logprob.top_n]] if result.top_logprobs else None
+            self.outbox.append(token_out(req, [token], [result.logprobs[i]], tops))
+
+    # -- reporting ------------------------------------------------------------------------------
+
+    def stats_dict(self) -> dict[str, Any]:
+        c = self.cache
+        total = c.allocator.size
+        used = total - c.allocator.available - c.evictable
+        return {
+            "num_running": len(self.running),
+            "num_waiting": len(self.waiting) + len(self.grammars.pending),
+            "max_total_tokens": total,
+            "free_tokens": c.allocator.available,
+            "evictable_tokens": c.evictable,
+            "protected_tokens": c.protected,
+            "kv_usage": used / total,
+            "cache_hit_rate": c.hit_rate,
+            "hit_tokens": c.hit_tokens,
+            "queried_tokens": c.queried_tokens,
+            "kv_invariant_ok": self.idle_check_ok(),
+            **self.stats.as_dict(),
+        }
+
+    def idle_check_ok(self) -> bool | None:
+        if self.running:
+            return None
+        try:
+            self.cache.check_idle()
+        except RuntimeError:
+            logger.exception("KV invariant broken")
+            return False
+        return True

@@ -1,0 +1,207 @@
+"""The front of the runtime: tokenises, sends requests to the scheduler, gathers their outputs.
+
+Runs on an asyncio loop (the server's, or the Engine's background thread). Holds no model
+state; everything it knows about a request arrives as TextOut messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+import zmq
+import zmq.asyncio
+
+from radixlm.runtime import ipc
+from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.io_struct import SingleRequest
+from radixlm.runtime.messages import AbortReq, Batch, ControlOut, ControlReq, GenerateReq, TextOut
+from radixlm.runtime.sampling.params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class QueueFullError(RuntimeError):
+    """More requests in flight than ``max_running_requests + max_queued_requests``."""
+
+
+class EngineDeadError(RuntimeError):
+    """The scheduler or detokenizer process is gone."""
+
+
+@dataclass
+class _ReqState:
+    req: SingleRequest
+    prompt_ids: list[int]
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    text: str = ""
+    output_ids: list[int] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class TokenizerManager:
+    def __init__(self, args: ServerArgs, ports: ipc.PortArgs, tokenizer, info: dict) -> None:
+        self.args = args
+        self.tokenizer = tokenizer
+        self.info = info
+        self.context_len: int = info["context_len"]
+        self.ctx = zmq.asyncio.Context()
+        self.to_scheduler = self.ctx.socket(zmq.PUSH)
+        self.to_scheduler.setsockopt(zmq.LINGER, 0)
+        self.to_scheduler.connect(ports.scheduler)
+        self.from_detok = self.ctx.socket(zmq.PULL)
+        self.from_detok.bind(ports.tokenizer)
+        self.states: dict[str, _ReqState] = {}
+        self.controls: dict[str, asyncio.Future] = {}
+        self.dead: str | None = None
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        """Start receiving outputs (call from the loop that will serve requests)."""
+        self._task = asyncio.get_running_loop().create_task(self._recv_loop())
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def prepare(self, req: SingleRequest) -> GenerateReq:
+        """Tokenise and validate; raises ValueError naming the problem."""
+        params = SamplingParams.from_dict(req.sampling)
+        ids = req.input_ids if req.input_ids is not None else self.tokenizer.encode(req.text)
+        if not ids:
+            raise ValueError("the prompt is empty")
+        vocab = self.info["vocab_size"]
+        if any(t < 0 or t >= vocab for t in ids):
+            raise ValueError(f"input_ids must be token ids in [0, {vocab})")
+        explicit = "max_new_tokens" in req.sampling
+        if len(ids) + (params.max_new_tokens if explicit else 1) > self.context_len:
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens and max_new_tokens is {params.max_new_tokens}; "
+                f"together they exceed the context length of {self.context_len} tokens"
+            )
+        sampling = params.to_dict()
+        sampling["max_new_tokens"] = min(params.max_new_tokens, self.context_len - len(ids))
+        start = req.logprob_start_len
+        if req.return_logprob and start >= len(ids):
+            raise ValueError(f"logprob_start_len ({start}) must be < the prompt length ({len(ids)})")
+        if req.top_logprobs_num < 0 or req.top_logprobs_num > 20:
+            raise ValueError(f"top_logprobs_num must be in [0, 20], got {req.top_logprobs_num}")
+        return GenerateReq(
+            req.rid, list(ids), sampling, req.stream, req.return_logprob, start, req.top_logprobs_num
+        )
+
+    async def generate(self, req: SingleRequest) -> AsyncIterator[dict[str, Any]]:
+        """Yield the response so far after each update (``text`` cumulative); the last one has a
+        ``finish_reason``. Closing the iterator early aborts the request."""
+        msg = self.prepare(req)
+        self._check_capacity()
+        if msg.rid in self.states:
+            raise ValueError(f"rid {msg.rid!r} is already in flight")
+        state = _ReqState(req, msg.input_ids)
+        self.states[msg.rid] = state
+        ipc.send(self.to_scheduler, msg)
+        finished = False
+        try:
+            while not finished:
+                out = await state.queue.get()
+                if isinstance(out, Exception):
+                    raise out
+                finished = self._apply(state, out)
+                if req.stream or finished:
+                    yield self._response(state)
+        finally:
+            self.states.pop(msg.rid, None)
+            if not finished and not self.dead:
+                ipc.send(self.to_scheduler, AbortReq(msg.rid))
+
+    async def generate_one(self, req: SingleRequest) -> dict[str, Any]:
+        last = None
+        async for last in self.generate(req):
+            pass
+        return last
+
+    def abort(self, rid: str) -> None:
+        ipc.send(self.to_scheduler, AbortReq(rid))
+
+    async def control(self, kind: str, timeout: float = 30.0) -> ControlOut:
+        if self.dead:
+            raise EngineDeadError(self.dead)
+        cid = uuid.uuid4().hex
+        fut = asyncio.get_running_loop().create_future()
+        self.controls[cid] = fut
+        ipc.send(self.to_scheduler, ControlReq(cid, kind))
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            self.controls.pop(cid, None)
+
+    def _check_capacity(self) -> None:
+        if self.dead:
+            raise EngineDeadError(self.dead)
+        limit = self.args.max_queued_requests
+        if limit is not None and len(self.states) >= self.args.max_running_requests + limit:
+            raise QueueFullError(f"too many requests in flight ({len(self.states)}); try again later")
+
+    # -- outputs -----------------------------------------------------------------------------
+
+    async def _recv_loop(self) -> None:
+        while True:
+            msg = ipc.messages.decode(await self.from_detok.recv())
+            for item in msg.items if isinstance(msg, Batch) else [msg]:
+                if isinstance(item, TextOut):
+                    state = self.states.get(item.rid)
+                    if state is not None:
+                        state.queue.put_nowait(item)
+                elif isinstance(item, ControlOut) and item.cid in self.controls:
+                    self.controls[item.cid].set_result(item)
+
+    def fail_all(self, reason: str) -> None:
+        """The backend died: every waiting caller gets an error instead of hanging."""
+        self.dead = reason
+        for state in self.states.values():
+            state.queue.put_nowait(EngineDeadError(reason))
+        for fut in self.controls.values():
+            if not fut.done():
+                fut.set_exception(EngineDeadError(reason))
+
+    def _apply(self, state: _ReqState, out: TextOut) -> bool:
+        state.text += out.text
+        state.output_ids.extend(out.new_ids)
+        for key, value in out.meta.items():
+            if key.startswith("output_") and isinstance(value, list):
+                state.meta.setdefault(key, []).extend(value)
+            else:
+                state.meta[key] = value
+        if out.finish is not None:
+            state.meta["finish_reason"] = out.finish
+            return True
+        return False
+
+    def _response(self, state: _ReqState) -> dict[str, Any]:
+        meta = {"id": state.req.rid, "finish_reason": None, **state.meta}
+        meta.setdefault("prompt_tokens", len(state.prompt_ids))
+        meta["completion_tokens"] = len(state.output_ids)
+        meta.setdefault("cached_tokens", 0)
+        if state.req.return_logprob:
+            for key in ("input_token_logprobs", "output_token_logprobs"):
+                meta[key] = self._with_text(meta.get(key, []), state.req.return_text_in_logprobs)
+            for key in ("input_top_logprobs", "output_top_logprobs"):
+                if key in meta:
+                    meta[key] = [
+                        self._with_text(row, state.req.return_text_in_logprobs) if row else row
+                        for row in meta[key]
+                    ]
+        return {"text": state.text, "output_ids": list(state.output_ids), "meta_info": meta}
+
+    def _with_text(self, entries: list, with_text: bool) -> list:
+        return [
+            [lp, tid, self.tokenizer.decode([tid]) if with_text else None] for lp, tid, *_ in entries
+        ]
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        self.to_scheduler.close(0)
+        self.from_detok.close(0)
+        self.ctx.term()

