@@ -4,8 +4,8 @@ Each request has ``extend_len`` new tokens after ``prefix_len`` cached ones. New
 (position ``prefix_len + j``) attends to every cached token and causally to the new ones.
 Keys and values of both parts are read from the KV pool through ``req_to_token``.
 
-# NOTE: the new tokens' k/v must already be written into the pool, and their slots into
-# ``req_to_token[req_slot, prefix_len:prefix_len + extend_len]``, before the kernel runs.
+The new tokens' k/v must already be written into the pool, and their slots into
+``req_to_token[req_slot, prefix_len:prefix_len + extend_len]``, before the kernel runs.
 """
 
 from __future__ import annotations

@@ -45,9 +45,9 @@ class ModelConfig:
         heads = d["num_attention_heads"]
         eos = d.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
-        scaling = d.get("rope_scaling") or d.get("rope_parameters")
-        if scaling and scaling.get("rope_type", scaling.get("type")) in (None, "default"):
-            scaling = None
+        rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
+        theta = d.get("rope_theta") or rope.get("rope_theta", 10000.0)
+        scaling = None if rope.get("rope_type", rope.get("type")) in (None, "default") else rope
         arch = archs[0]
         return cls(
             architecture=arch,
@@ -59,7 +59,7 @@ class ModelConfig:
             head_dim=d.get("head_dim") or d["hidden_size"] // heads,
             vocab_size=d["vocab_size"],
             rms_norm_eps=d.get("rms_norm_eps", 1e-6),
-            rope_theta=d.get("rope_theta") or (scaling or {}).get("rope_theta", 10000.0),
+            rope_theta=float(theta),
             rope_scaling=_freeze(scaling),
             context_length=d.get("max_position_embeddings", 2048),
             tie_word_embeddings=d.get("tie_word_embeddings", False),

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import zmq
 import zmq.asyncio
@@ -40,6 +41,8 @@ class _ReqState:
     text: str = ""
     output_ids: list[int] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    created: float = field(default_factory=time.monotonic)
+    last_token_at: float | None = None
 
 
 class TokenizerManager:
@@ -57,6 +60,7 @@ class TokenizerManager:
         self.states: dict[str, _ReqState] = {}
         self.controls: dict[str, asyncio.Future] = {}
         self.dead: str | None = None
+        self.on_timing: Callable[[str, float], None] | None = None  # (ttft|itl|e2e, seconds)
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -168,6 +172,8 @@ class TokenizerManager:
     def _apply(self, state: _ReqState, out: TextOut) -> bool:
         state.text += out.text
         state.output_ids.extend(out.new_ids)
+        if self.on_timing is not None:
+            self._observe_timing(state, out)
         for key, value in out.meta.items():
             if key.startswith("output_") and isinstance(value, list):
                 state.meta.setdefault(key, []).extend(value)
@@ -177,6 +183,16 @@ class TokenizerManager:
             state.meta["finish_reason"] = out.finish
             return True
         return False
+
+    def _observe_timing(self, state: _ReqState, out: TextOut) -> None:
+        now = time.monotonic()
+        if out.new_ids:
+            first = state.last_token_at is None
+            since = state.created if first else state.last_token_at
+            self.on_timing("ttft" if first else "itl", now - since)
+            state.last_token_at = now
+        if out.finish is not None and out.finish.get("type") != "abort":
+            self.on_timing("e2e", now - state.created)
 
     def _response(self, state: _ReqState) -> dict[str, Any]:
         meta = {"id": state.req.rid, "finish_reason": None, **state.meta}

@@ -152,16 +152,21 @@ def allocate_bitmask(batch: int, vocab_size: int) -> torch.Tensor:
 
 def unpack_bitmask(bitmask: torch.Tensor, width: int) -> torch.Tensor:
     """Bool ``[batch, width]``: token allowed; tokens past the mask's words are disallowed."""
-    shifts = torch.arange(32, device=bitmask.device, dtype=torch.int32)
-    bits = ((bitmask.unsqueeze(-1) >> shifts) & 1).bool().flatten(1)
-    if bits.shape[1] >= width:
-        return bits[:, :width]
-    pad = torch.zeros(bits.shape[0], width - bits.shape[1], dtype=torch.bool, device=bits.device)
-    return torch.cat([bits, pad], dim=1)
+    return ~_disallowed(bitmask, width)
 
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
     """Set disallowed logits to ``-inf`` in place; ``logits`` ``[batch, V]`` may be wider than
     the mask (padded model vocabulary), and tokens past the mask are disallowed."""
     bitmask = bitmask.to(logits.device, non_blocking=True)
-    logits.masked_fill_(~unpack_bitmask(bitmask, logits.shape[-1]), float("-inf"))
+    logits.masked_fill_(_disallowed(bitmask, logits.shape[-1]), float("-inf"))
+
+
+def _disallowed(bitmask: torch.Tensor, width: int) -> torch.Tensor:
+    one = torch.ones(32, device=bitmask.device, dtype=torch.int32)
+    bits = one << torch.arange(32, device=bitmask.device, dtype=torch.int32)
+    off = ((bitmask.unsqueeze(-1) & bits) == 0).flatten(1)
+    if off.shape[1] >= width:
+        return off[:, :width]
+    pad = torch.ones(off.shape[0], width - off.shape[1], dtype=torch.bool, device=off.device)
+    return torch.cat([off, pad], dim=1)

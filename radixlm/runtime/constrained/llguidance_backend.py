@@ -2,7 +2,8 @@
 
 A grammar is a validated template ``LLMatcher``; each request gets a deep copy. llguidance puts
 a matcher into a permanent error state on a disallowed token, so ``advance`` checks the token
-with ``validate_tokens`` first and leaves the state untouched when it is refused.
+first (``validate_tokens``; for EOS, ``is_accepting``) and leaves the state untouched when it is
+refused.
 """
 
 from __future__ import annotations
@@ -25,12 +26,19 @@ from radixlm.runtime.constrained.specs import describe_regex_error
 
 
 class LLGuidanceMatcher(Matcher):
-    """Wraps one ``llguidance.LLMatcher``."""
+    """Wraps one ``llguidance.LLMatcher``.
 
-    def __init__(self, matcher: llguidance.LLMatcher, words: int) -> None:
+    llguidance records EOS only when the grammar could still continue; an EOS after it stopped is
+    a no-op there. ``_recorded`` keeps, per advance, whether llguidance counted it, so that
+    ``rollback`` undoes exactly the tokens llguidance holds.
+    """
+
+    def __init__(self, matcher: llguidance.LLMatcher, words: int, eos_ids: frozenset[int]) -> None:
         self._matcher = matcher
         self._words = words
-        self._advanced = 0
+        self._eos_ids = eos_ids
+        self._recorded: list[bool] = []
+        self._ended = False
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         if bitmask.dtype != torch.int32 or not bitmask.is_cpu or bitmask.shape[1] < self._words:
@@ -42,21 +50,33 @@ class LLGuidanceMatcher(Matcher):
         bitmask[row, self._words :] = 0
 
     def advance(self, token_id: int) -> None:
-        if self._matcher.validate_tokens([token_id]) != 1:
+        if self._ended:
+            raise ValueError(f"token {token_id} after the grammar terminated")
+        is_eos = token_id in self._eos_ids
+        if not (self._matcher.is_accepting() if is_eos else self._valid(token_id)):
             raise ValueError(f"token {token_id} is not allowed by the grammar here")
-        if not self._matcher.consume_token(token_id):
+        recorded = not (is_eos and self._matcher.is_stopped())
+        if recorded and not self._matcher.consume_token(token_id):
             raise ValueError(f"token {token_id} was refused: {self._matcher.get_error()}")
-        self._advanced += 1
+        self._recorded.append(recorded)
+        self._ended = is_eos
 
     def rollback(self, k: int) -> None:
-        if not 0 <= k <= self._advanced:
-            raise ValueError(f"cannot roll back {k} tokens; {self._advanced} were advanced")
-        if k and not self._matcher.rollback(k):
-            raise ValueError(f"llguidance could not roll back {k} tokens")
-        self._advanced -= k
+        if not 0 <= k <= len(self._recorded):
+            raise ValueError(f"cannot roll back {k} tokens; {len(self._recorded)} were advanced")
+        if not k:
+            return
+        undone = sum(self._recorded[-k:])
+        if undone and not self._matcher.rollback(undone):
+            raise ValueError(f"llguidance could not roll back {undone} tokens")
+        del self._recorded[-k:]
+        self._ended = False
+
+    def _valid(self, token_id: int) -> bool:
+        return token_id >= 0 and self._matcher.validate_tokens([token_id]) == 1
 
     def is_terminated(self) -> bool:
-        return self._matcher.is_stopped()
+        return self._ended or self._matcher.is_stopped()
 
     def is_accepting(self) -> bool:
         return self._matcher.is_accepting()
@@ -73,12 +93,13 @@ class LLGuidanceMatcher(Matcher):
 class LLGuidanceGrammar(Grammar):
     """A validated llguidance grammar; matchers are deep copies of a template."""
 
-    def __init__(self, template: llguidance.LLMatcher, words: int) -> None:
+    def __init__(self, template: llguidance.LLMatcher, words: int, eos_ids: frozenset[int]) -> None:
         self._template = template
         self._words = words
+        self._eos_ids = eos_ids
 
     def matcher(self) -> LLGuidanceMatcher:
-        return LLGuidanceMatcher(self._template.deep_copy(), self._words)
+        return LLGuidanceMatcher(self._template.deep_copy(), self._words, self._eos_ids)
 
 
 @register_grammar_backend("llguidance")
@@ -132,7 +153,7 @@ class LLGuidanceBackend(GrammarBackend):
         template = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)
         if template.is_error():
             raise ValueError(_summary(template.get_error()))
-        return LLGuidanceGrammar(template, self._words)
+        return LLGuidanceGrammar(template, self._words, frozenset(self.eos_token_ids))
 
 
 def _summary(message: str) -> str:

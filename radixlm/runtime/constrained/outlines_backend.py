@@ -5,6 +5,13 @@ after a state's first visit. Forced continuations are read off the same index, b
 non-final state whose allowed tokens all start with the same byte ``b`` forces ``b`` (every
 continuation the vocabulary can spell starts with it), and the walk follows the single-byte
 token for ``b``. The walk stops at a final state, a choice, or ``MAX_FORCED_BYTES``.
+
+NOTE: outlines-core 0.2 drops a token from a matching DFA state whenever the token's bytes
+before its last one still match (regex-automata reports matches one byte late), e.g. ``,`` after
+``12`` in ``[0-9]+(,[0-9]+)*``. Every regex is therefore compiled as ``(?:R)`` + ``END_MARK``, so
+no state of ``R`` is a match state. A state accepts when the fake ``END_MARK`` token (id
+``vocab_size``, outside every mask) leads to a final state. Real tokens with ``END_MARK``'s lead
+byte (0xF4: code points U+100000 and up, private use) are left out of the vocabulary.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from radixlm.runtime.constrained.vocabulary import outlines_vocabulary, token_by
 
 MAX_FORCED_BYTES = 4096
 TERMINATED = -1
+END_MARK = "\U0010ffff"
 
 
 @dataclass(frozen=True)
@@ -40,6 +48,10 @@ class VocabInfo:
     eos_ids: np.ndarray
     first_byte: np.ndarray
     byte_token: dict[int, int]
+
+    @property
+    def end_mark_id(self) -> int:
+        return len(self.first_byte)
 
     @classmethod
     def from_table(cls, table: Sequence[bytes | None], eos_ids: Sequence[int]) -> VocabInfo:
@@ -57,6 +69,7 @@ class OutlinesGrammar(Grammar):
         self.index = index
         self.info = info
         self._rows: dict[int, torch.Tensor] = {}
+        self._final: dict[int, bool] = {TERMINATED: True}
         self._continues: dict[int, bool] = {}
         self._forced: dict[int, tuple[int, int] | None] = {}
         self.initial_state = index.get_initial_state()
@@ -79,7 +92,12 @@ class OutlinesGrammar(Grammar):
         return self._continues[state]
 
     def is_final(self, state: int) -> bool:
-        return state == TERMINATED or self.index.is_final_state(state)
+        """Whether the output so far is a complete match (EOS allowed)."""
+        final = self._final.get(state)
+        if final is None:
+            nxt = self.index.get_next_state(state, self.info.end_mark_id)
+            final = self._final[state] = nxt is not None and self.index.is_final_state(nxt)
+        return final
 
     def forced_text(self, state: int) -> str | None:
         """The longest string every continuation from ``state`` starts with (whole characters)."""
@@ -109,7 +127,8 @@ class OutlinesGrammar(Grammar):
         if self.is_final(state):
             bits[self.info.eos_ids] = True
         self._continues[state] = bool((self.info.first_byte[tokens] >= 0).any())
-        return torch.from_numpy(np.packbits(bits, bitorder="little").view(np.int32))
+        words = np.packbits(bits, bitorder="little").view("<i4").astype(np.int32, copy=False)
+        return torch.from_numpy(words)
 
     def _forced_step(self, state: int) -> tuple[int, int] | None:
         if state not in self._forced:
@@ -195,21 +214,25 @@ class OutlinesBackend(GrammarBackend):
         whitespace_pattern: str | None = None,
     ) -> None:
         super().__init__(tokenizer, vocab_size, eos_token_ids, whitespace_pattern)
+        mark = END_MARK.encode()
         table = token_bytes_table(tokenizer, vocab_size, self.eos_token_ids)
-        self._vocabulary = outlines_vocabulary(table, self.eos_token_ids[0])
+        table = [None if data and mark[0] in data else data for data in table]
         self._info = VocabInfo.from_table(table, self.eos_token_ids)
+        self._vocabulary = outlines_vocabulary(table, self.eos_token_ids[0])
+        self._vocabulary.insert(mark, self._info.end_mark_id)
 
     def compile_regex(self, regex: str) -> OutlinesGrammar:
         try:
-            index = Index(regex, self._vocabulary)
+            return self._compile(regex)
         except ValueError as e:
             raise describe_regex_error(regex, e) from e
-        return OutlinesGrammar(index, self._info)
 
     def compile_json_schema(self, schema: str) -> OutlinesGrammar:
         regex = json_schema_regex(schema, self.whitespace_pattern)
         try:
-            index = Index(regex, self._vocabulary)
+            return self._compile(regex)
         except ValueError as e:
             raise ValueError(f"json_schema could not be compiled: {e}") from e
-        return OutlinesGrammar(index, self._info)
+
+    def _compile(self, regex: str) -> OutlinesGrammar:
+        return OutlinesGrammar(Index(f"(?:{regex}){END_MARK}", self._vocabulary), self._info)

@@ -31,9 +31,9 @@ _FORMATS = {
     "date": _DATE,
     "time": _TIME,
     "date-time": f"{_DATE}T{_TIME}",
-    "email": rf"[a-zA-Z0-9_%+-]+(?:\.[a-zA-Z0-9_%+-]+)*@(?:{_LABEL}\.)+[a-z]{{2,6}}",
+    "email": rf"[a-zA-Z0-9_%+-]{{1,20}}(?:\.[a-zA-Z0-9_%+-]{{1,20}}){{0,3}}@(?:{_LABEL}\.){{1,3}}[a-z]{{2,6}}",
     "uuid": r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
-    "uri": rf"https?://(?:{_LABEL}\.)+[a-z]{{2,6}}(?:/[a-zA-Z0-9._~%-]+)*/?",
+    "uri": rf"https?://(?:{_LABEL}\.){{1,3}}[a-z]{{2,6}}(?:/[a-zA-Z0-9._~%-]{{1,20}}){{0,5}}/?",
 }
 _UNSUPPORTED = (
     "uniqueItems",

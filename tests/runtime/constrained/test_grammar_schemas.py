@@ -15,25 +15,39 @@ INT = {"type": "integer"}
 
 
 def obj(props: dict, required: list[str] | None = None, **extra) -> dict:
-    schema = {"type": "object", "properties": props, "required": required or list(props)}
+    schema = {
+        "type": "object",
+        "properties": props,
+        "required": list(props) if required is None else required,
+    }
     return {**schema, **extra}
 
 
 SCHEMAS = {
     "name": obj({"name": STR}),
-    "person_bounded_age": obj({"name": SHORT, "age": {"type": "integer", "minimum": 0, "maximum": 120}}),
+    "person_bounded_age": obj(
+        {"name": SHORT, "age": {"type": "integer", "minimum": 0, "maximum": 120}}
+    ),
     "probability": obj({"p": {"type": "number", "minimum": 0, "maximum": 1}}),
     "number_fractional_bounds": obj({"x": {"type": "number", "minimum": -10.5, "maximum": 99.25}}),
-    "integer_exclusive": obj({"n": {"type": "integer", "exclusiveMinimum": 0, "exclusiveMaximum": 10}}),
-    "integer_one_sided": obj({"lo": {"type": "integer", "minimum": 1000}, "hi": {"type": "integer", "maximum": -5}}),
-    "number_exclusive": obj({"t": {"type": "number", "exclusiveMinimum": -1, "exclusiveMaximum": 1}}),
+    "integer_exclusive": obj(
+        {"n": {"type": "integer", "exclusiveMinimum": 0, "exclusiveMaximum": 10}}
+    ),
+    "integer_one_sided": obj(
+        {"lo": {"type": "integer", "minimum": 1000}, "hi": {"type": "integer", "maximum": -5}}
+    ),
+    "number_exclusive": obj(
+        {"t": {"type": "number", "exclusiveMinimum": -1, "exclusiveMaximum": 1}}
+    ),
     "enum_strings": obj({"color": {"enum": ["red", "green", "blue"]}}),
     "enum_mixed": obj({"v": {"enum": [1, "two", None, 3.5, True]}}),
     "booleans_nulls": obj({"ok": {"type": "boolean"}, "none": {"type": "null"}}),
     "int_array_1_3": obj({"xs": {"type": "array", "items": INT, "minItems": 1, "maxItems": 3}}),
     "str_array_2_4": obj({"tags": {"type": "array", "items": SHORT, "minItems": 2, "maxItems": 4}}),
     "nested": obj({"user": obj({"id": INT, "name": SHORT}), "active": {"type": "boolean"}}),
-    "deeply_nested": obj({"a": obj({"b": obj({"c": obj({"d": {"type": "integer", "minimum": 0}})})})}),
+    "deeply_nested": obj(
+        {"a": obj({"b": obj({"c": obj({"d": {"type": "integer", "minimum": 0}})})})}
+    ),
     "array_of_objects": {
         "type": "array",
         "items": obj({"sku": SHORT, "qty": {"type": "integer", "minimum": 1, "maximum": 99}}),
@@ -49,8 +63,12 @@ SCHEMAS = {
     "uuid": obj({"id": {"type": "string", "format": "uuid"}}),
     "date_time": obj({"at": {"type": "string", "format": "date-time"}}),
     "any_of_scalar": obj({"v": {"anyOf": [INT, SHORT]}}),
-    "any_of_objects": {"anyOf": [obj({"kind": {"const": "cat"}, "lives": INT}),
-                                 obj({"kind": {"const": "dog"}, "good": {"type": "boolean"}})]},
+    "any_of_objects": {
+        "anyOf": [
+            obj({"kind": {"const": "cat"}, "lives": INT}),
+            obj({"kind": {"const": "dog"}, "good": {"type": "boolean"}}),
+        ]
+    },
     "nullable": obj({"middle": {"type": ["string", "null"], "maxLength": 5}}),
     "const": obj({"version": {"const": 2}, "name": SHORT}),
     "refs": {
@@ -60,16 +78,21 @@ SCHEMAS = {
     "enum_array": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3},
     "no_additional": obj({"k": SHORT, "v": INT}, additionalProperties=False),
     "one_of_disjoint": obj({"v": {"oneOf": [SHORT, {"type": "integer"}]}}),
-    "tuple": {"type": "array", "prefixItems": [INT, SHORT, {"type": "boolean"}],
-              "items": False},
+    "tuple": {"type": "array", "prefixItems": [INT, SHORT, {"type": "boolean"}], "items": False},
     "plain_numbers": obj({"lat": {"type": "number"}, "lon": {"type": "number"}}),
-    "order": obj({
-        "id": {"type": "string", "pattern": "^ORD[0-9]{4}$"},
-        "items": {"type": "array", "minItems": 1, "maxItems": 2,
-                  "items": obj({"name": SHORT, "price": {"type": "number", "minimum": 0}})},
-        "status": {"enum": ["new", "paid", "shipped"]},
-        "placed": {"type": "string", "format": "date"},
-    }),
+    "order": obj(
+        {
+            "id": {"type": "string", "pattern": "^ORD[0-9]{4}$"},
+            "items": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": 2,
+                "items": obj({"name": SHORT, "price": {"type": "number", "minimum": 0}}),
+            },
+            "status": {"enum": ["new", "paid", "shipped"]},
+            "placed": {"type": "string", "format": "date"},
+        }
+    ),
     "top_level_string": {"type": "string", "maxLength": 10},
     "top_level_integer": {"type": "integer", "minimum": -50, "maximum": 50},
 }

@@ -1,0 +1,75 @@
+"""The in-process backend: a radixlm ``Engine``, no HTTP."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from radixlm.lang.backend.generate_api import GenerateApiBackend
+from radixlm.lang.chat_template import (
+    ChatTemplate,
+    derive_chat_template,
+    get_chat_template,
+    tokenizer_renderer,
+)
+
+
+class EngineBackend(GenerateApiBackend):
+    """Run programs on ``engine``. Roles use the model's own chat template unless
+    ``chat_template`` (a registered name or a ChatTemplate) is given."""
+
+    def __init__(
+        self,
+        engine: Any,
+        chat_template: str | ChatTemplate | None = None,
+        owns_engine: bool = False,
+    ) -> None:
+        self.engine = engine
+        self.owns_engine = owns_engine
+        super().__init__(self._template(chat_template))
+
+    def _template(self, chat_template: str | ChatTemplate | None) -> ChatTemplate:
+        if isinstance(chat_template, ChatTemplate):
+            return chat_template
+        if chat_template is not None:
+            return get_chat_template(chat_template)
+        render = tokenizer_renderer(self.engine.tokenizer)
+        derived = derive_chat_template(render, "model") if render else None
+        return derived or get_chat_template("default")
+
+    def _generate(self, body: dict[str, Any]) -> dict | list[dict]:
+        body = dict(body)
+        return self.engine.generate(body.pop("text", None), **body)
+
+    def _generate_stream(self, body: dict[str, Any]) -> Iterator[dict]:
+        body = dict(body)
+        return self.engine.generate(body.pop("text", None), stream=True, **body)
+
+    def _choice_entries(self, prefix: str, choice: str, entries: list, start: int) -> list:
+        """Exact: the choice's tokens are those after the longest common token prefix of
+        ``prefix`` and ``prefix + choice``."""
+        tok = self.engine.tokenizer
+        a = tok.encode(prefix, add_special_tokens=True) if prefix else []
+        b = tok.encode(prefix + choice, add_special_tokens=True)
+        common = 0
+        while common < min(len(a), len(b)) and a[common] == b[common]:
+            common += 1
+        return entries[max(common - start, 0):]
+
+    def flush_cache(self) -> bool:
+        return self.engine.flush_cache()
+
+    def get_server_info(self) -> dict[str, Any]:
+        return self.engine.get_server_info()
+
+    def shutdown(self) -> None:
+        if self.owns_engine:
+            self.engine.shutdown()
+
+
+def Runtime(model_path: str | None = None, **kwargs: Any) -> EngineBackend:
+    """Start an in-process Engine (``Engine(model_path, **kwargs)``) and return it as a backend;
+    ``shutdown()`` stops it. Mirrors ``sglang.Runtime``."""
+    from radixlm.runtime.engine import Engine
+
+    return EngineBackend(Engine(model_path, **kwargs), owns_engine=True)

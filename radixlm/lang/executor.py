@@ -1,0 +1,349 @@
+"""StreamExecutor: executes one program state's expressions in order, off the caller's thread.
+
+The program's Python code only queues expressions; a short-lived worker thread drains the
+queue, so a program runs ahead until it reads a variable, and forked branches run concurrently
+(their requests batch together in the runtime).
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from radixlm.lang.ir import (
+    REGEX_BOOL,
+    REGEX_FLOAT,
+    REGEX_INT,
+    REGEX_STR,
+    SglArgument,
+    SglCommitLazy,
+    SglConcateAndAppend,
+    SglConstantText,
+    SglExpr,
+    SglExprList,
+    SglGen,
+    SglRoleBegin,
+    SglRoleEnd,
+    SglSamplingParams,
+    SglSelect,
+    SglVariable,
+    SglVarScopeBegin,
+    SglVarScopeEnd,
+    as_expr,
+)
+
+if TYPE_CHECKING:
+    from radixlm.lang.backend.base import BaseBackend
+    from radixlm.lang.chat_template import ChatTemplate
+
+
+class ProgramError(RuntimeError):
+    """A variable was read from a program whose execution failed; ``__cause__`` is the error."""
+
+
+_DTYPES = {
+    "int": (REGEX_INT, [" ", "\n"], int),
+    "float": (REGEX_FLOAT, [" ", "\n"], float),
+    "str": (REGEX_STR, [], str),
+    "bool": (REGEX_BOOL, [], lambda text: text == "True"),
+}
+
+
+def _dtype_name(dtype: Any) -> str:
+    name = dtype.__name__ if isinstance(dtype, type) else str(dtype)
+    name = {"string": "str"}.get(name, name)
+    if name not in _DTYPES:
+        raise ValueError(f"unsupported dtype {dtype!r}; use int, float, str or bool")
+    return name
+
+
+class StreamExecutor:
+    """The text, messages and variables of one program state, and the queue that builds them."""
+
+    def __init__(
+        self,
+        backend: BaseBackend,
+        arguments: dict[str, Any],
+        default_sampling_para: SglSamplingParams,
+        chat_template: ChatTemplate | None = None,
+        stream: bool = False,
+    ) -> None:
+        self.sid = uuid.uuid4().hex
+        self.backend = backend
+        self.arguments = arguments
+        self.default_sampling_para = default_sampling_para
+        self.chat_template = chat_template or backend.get_chat_template()
+        self.stream = stream
+        self.text_ = ""
+        self.messages_: list[dict[str, str]] = []
+        self.variables: dict[Any, Any] = {}
+        self.meta_info: dict[Any, Any] = {}
+        self.variable_event: dict[Any, threading.Event] = {}
+        self.stream_var_event: dict[Any, threading.Event] = {}
+        self.stream_text_event = threading.Event()
+        self.cur_role: str | None = None
+        self.cur_role_begin_pos = 0
+        self.fork_start_text_pos: int | None = None
+        self.error_: BaseException | None = None
+        self.is_finished = False
+        self._scope_starts: dict[str, int] = {}
+        self._pending: deque[SglExpr] = deque()
+        self._running = False
+        self._ended = False
+        self._cond = threading.Condition()
+
+    # -- the queue -----------------------------------------------------------------------------
+
+    def submit(self, expr: SglExpr | str) -> None:
+        """Queue ``expr``; it runs after everything queued before it."""
+        expr = as_expr(expr)
+        self._init_var_event(expr)
+        with self._cond:
+            if self.error_ is not None:
+                self._release_events()
+                return
+            self._pending.append(expr)
+            if not self._running:
+                self._running = True
+                threading.Thread(target=self._drain, name="radixlm-lang", daemon=True).start()
+
+    def _drain(self) -> None:
+        while True:
+            with self._cond:
+                if not self._pending or self.error_ is not None:
+                    self._pending.clear()
+                    self._running = False
+                    self.is_finished = self._ended
+                    self._cond.notify_all()
+                    break
+                expr = self._pending.popleft()
+            try:
+                self._execute(expr)
+            except Exception as e:  # noqa: BLE001  (reported by error() and on variable reads)
+                self.fail(e)
+            self.stream_text_event.set()
+        self.stream_text_event.set()
+
+    def sync(self) -> None:
+        """Wait until everything queued so far has run."""
+        with self._cond:
+            self._cond.wait_for(lambda: not self._running)
+
+    def end(self) -> None:
+        """Mark the program's code as returned; ``is_finished`` once the queue drains too."""
+        with self._cond:
+            self._ended = True
+            self.is_finished = not self._running
+        self.stream_text_event.set()
+        self.backend.end_program(self)
+
+    def fail(self, error: BaseException) -> None:
+        """Record ``error`` (the first one wins), drop queued work and wake every reader."""
+        with self._cond:
+            if self.error_ is None:
+                self.error_ = error
+        self._release_events()
+
+    def _release_events(self) -> None:
+        for event in list(self.variable_event.values()) + list(self.stream_var_event.values()):
+            event.set()
+        self.stream_text_event.set()
+
+    def _init_var_event(self, expr: SglExpr) -> None:
+        if isinstance(expr, (SglGen, SglSelect, SglVarScopeBegin)):
+            self.variable_event[expr.name] = threading.Event()
+            self.stream_var_event[expr.name] = threading.Event()
+        elif isinstance(expr, SglExprList):
+            for e in expr.expr_list:
+                self._init_var_event(e)
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def get_var(self, name: Any) -> Any:
+        """The value of ``name``, waiting until it is produced."""
+        event = self.variable_event.get(name)
+        if event is not None:
+            event.wait()
+        if name in self.variables:
+            return self.variables[name]
+        if self.error_ is not None:
+            raise ProgramError(
+                f"variable {name!r} is unavailable: the program failed with {self.error_!r}"
+            ) from self.error_
+        raise KeyError(name)
+
+    def set_var(self, name: Any, value: Any) -> None:
+        self.variables[name] = value
+
+    def get_meta_info(self, name: Any, timeout: float | None = None) -> Any:
+        event = self.variable_event.get(name)
+        if event is not None and not event.wait(timeout):
+            raise TimeoutError(f"timed out waiting for variable {name!r}")
+        return self.meta_info.get(name)
+
+    def text(self) -> str:
+        self.sync()
+        return self.text_
+
+    def messages(self) -> list[dict[str, str]]:
+        self.sync()
+        return self.messages_
+
+    def error(self) -> BaseException | None:
+        self.sync()
+        return self.error_
+
+    # -- fork ----------------------------------------------------------------------------------
+
+    def fork(self, size: int = 1) -> list[StreamExecutor]:
+        """``size`` executors that continue from this one's text; with ``size > 1`` the shared
+        text is cached in the backend first, so the branches reuse its KV."""
+        self.sync()
+        if size > 1 and self.text_ and self.error_ is None:
+            try:
+                self.backend.commit_lazy_operations(self)
+            except Exception as e:  # noqa: BLE001
+                self.fail(e)
+        return [self._branch() for _ in range(int(size))]
+
+    def _branch(self) -> StreamExecutor:
+        exe = StreamExecutor(self.backend, self.arguments, self.default_sampling_para,
+                             self.chat_template, self.stream)
+        exe.variables = dict(self.variables)
+        exe.meta_info = dict(self.meta_info)
+        exe.text_ = self.text_
+        exe.messages_ = list(self.messages_)
+        exe.cur_role = self.cur_role
+        exe.cur_role_begin_pos = self.cur_role_begin_pos
+        exe.fork_start_text_pos = len(self.text_)
+        exe.error_ = self.error_
+        return exe
+
+    # -- execution -----------------------------------------------------------------------------
+
+    def _execute(self, expr: SglExpr) -> None:
+        handler = _HANDLERS.get(type(expr))
+        if handler is None:
+            raise TypeError(f"cannot execute {expr!r}")
+        handler(self, expr)
+
+    def _execute_list(self, expr: SglExprList) -> None:
+        for e in expr.expr_list:
+            self._execute(e)
+
+    def _fill(self, value: Any) -> None:
+        self.text_ += str(value)
+
+    def _execute_constant(self, expr: SglConstantText) -> None:
+        self._fill(expr.value)
+
+    def _execute_argument(self, expr: SglArgument) -> None:
+        self._fill(expr.value)
+
+    def _execute_variable(self, expr: SglVariable) -> None:
+        self._fill(expr.source.get_var(expr.name))
+
+    def _execute_gen(self, expr: SglGen) -> None:
+        params = self._resolve_sampling_params(expr.sampling_params)
+        if self.stream and (params.n or 1) == 1:
+            self._execute_gen_stream(expr.name, params)
+            return
+        comp, meta = self.backend.generate(self, params)
+        self.text_ += comp[0] if isinstance(comp, list) else comp
+        self._set_var(expr.name, self._typed(comp, params.dtype), meta)
+
+    def _execute_gen_stream(self, name: Any, params: SglSamplingParams) -> None:
+        self.variables[name], meta = "", None
+        for delta, meta in self.backend.generate_stream(self, params):
+            self.text_ += delta
+            self.variables[name] += delta
+            self.meta_info[name] = meta
+            self.stream_var_event[name].set()
+            self.stream_text_event.set()
+        self._set_var(name, self._typed(self.variables[name], params.dtype), meta)
+
+    def _execute_select(self, expr: SglSelect) -> None:
+        decision = self.backend.select(self, expr.choices, expr.temperature, expr.choices_method)
+        self.text_ += decision.decision
+        self._set_var(expr.name, decision.decision, decision.meta_info)
+
+    def _set_var(self, name: Any, value: Any, meta: Any) -> None:
+        self.variables[name] = value
+        self.meta_info[name] = meta
+        self.variable_event[name].set()
+        self.stream_var_event[name].set()
+
+    def _typed(self, comp: Any, dtype: Any) -> Any:
+        if dtype is None:
+            return comp
+        convert = _DTYPES[_dtype_name(dtype)][2]
+        if isinstance(comp, list):
+            return [self._typed(c, dtype) for c in comp]
+        try:
+            return convert(comp.strip())
+        except ValueError:
+            raise ValueError(f"gen with dtype={dtype!r} produced {comp!r}") from None
+
+    def _resolve_sampling_params(self, overrides: SglSamplingParams) -> SglSamplingParams:
+        params = self.default_sampling_para.merged(overrides)
+        if params.dtype is not None:
+            regex, stop, _ = _DTYPES[_dtype_name(params.dtype)]
+            params.regex = regex
+            params.stop = params.stop_list() + stop
+        if self.chat_template.stop_str:
+            params.stop = params.stop_list() + list(self.chat_template.stop_str)
+        return params
+
+    def _execute_role_begin(self, expr: SglRoleBegin) -> None:
+        if self.cur_role is not None:
+            raise ValueError(f"role {expr.role!r} begins inside role {self.cur_role!r}")
+        default_system = self.chat_template.default_system_prompt
+        if not self.messages_ and expr.role != "system" and default_system:
+            self._execute_role_begin(SglRoleBegin("system"))
+            self._fill(default_system)
+            self._execute_role_end(SglRoleEnd("system"))
+        prefix, _ = self.chat_template.get_prefix_and_suffix(expr.role, self.messages_)
+        self._fill(prefix)
+        self.cur_role = expr.role
+        self.cur_role_begin_pos = len(self.text_)
+
+    def _execute_role_end(self, expr: SglRoleEnd) -> None:
+        content = self.text_[self.cur_role_begin_pos:].lstrip()
+        _, suffix = self.chat_template.get_prefix_and_suffix(expr.role, self.messages_)
+        self._fill(suffix)
+        self.messages_.append({"role": expr.role, "content": content})
+        self.cur_role = None
+
+    def _execute_var_scope_begin(self, expr: SglVarScopeBegin) -> None:
+        self._scope_starts[expr.name] = len(self.text_)
+
+    def _execute_var_scope_end(self, expr: SglVarScopeEnd) -> None:
+        value = self.text_[self._scope_starts.pop(expr.name):]
+        self._set_var(expr.name, value, None)
+
+    def _execute_commit_lazy(self, expr: SglCommitLazy) -> None:
+        self.backend.commit_lazy_operations(self)
+
+    def _execute_concat_and_append(self, expr: SglConcateAndAppend) -> None:
+        for state in expr.states:
+            exe = state.stream_executor
+            exe.sync()
+            self._fill(exe.text_[exe.fork_start_text_pos:])
+
+
+_HANDLERS = {
+    SglExprList: StreamExecutor._execute_list,
+    SglConstantText: StreamExecutor._execute_constant,
+    SglArgument: StreamExecutor._execute_argument,
+    SglVariable: StreamExecutor._execute_variable,
+    SglGen: StreamExecutor._execute_gen,
+    SglSelect: StreamExecutor._execute_select,
+    SglRoleBegin: StreamExecutor._execute_role_begin,
+    SglRoleEnd: StreamExecutor._execute_role_end,
+    SglVarScopeBegin: StreamExecutor._execute_var_scope_begin,
+    SglVarScopeEnd: StreamExecutor._execute_var_scope_end,
+    SglCommitLazy: StreamExecutor._execute_commit_lazy,
+    SglConcateAndAppend: StreamExecutor._execute_concat_and_append,
+}

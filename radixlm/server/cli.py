@@ -1,0 +1,102 @@
+"""``radixlm serve`` / ``python -m radixlm.server``: run the HTTP server."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import socket
+import sys
+
+import uvicorn
+
+from radixlm.runtime.config import DTYPES, LOAD_FORMATS, SCHEDULE_POLICIES, ServerArgs
+from radixlm.server.app import abort_in_flight, create_app
+
+HELP = {
+    "model_path": "Hugging Face directory or GGUF file (default: the embedded SmolLM2-135M-Instruct)",
+    "host": "address to listen on",
+    "port": "port to listen on",
+    "max_total_tokens": "KV cache size in tokens (default: from --mem-fraction-static)",
+    "max_queued_requests": "requests allowed to wait beyond --max-running-requests (then 503)",
+    "api_key": "require 'Authorization: Bearer KEY' on every route but /health*",
+    "served_model_name": "the model name clients use (default: the model path)",
+    "chat_template": "Jinja chat template, or a file holding one (default: the model's)",
+}
+CHOICES = {"dtype": DTYPES, "load_format": LOAD_FORMATS, "schedule_policy": SCHEDULE_POLICIES}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """One ``--flag`` per ``ServerArgs`` field."""
+    parser = argparse.ArgumentParser(prog="radixlm serve", description="Serve a model over HTTP.")
+    defaults = ServerArgs()
+    for f in dataclasses.fields(ServerArgs):
+        if f.name == "extra":
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        kind = str(f.type)
+        if kind == "bool":
+            parser.add_argument(flag, action="store_true", help=HELP.get(f.name))
+            continue
+        parse = int if "int" in kind else float if "float" in kind else str
+        parser.add_argument(
+            flag, type=parse, default=getattr(defaults, f.name), choices=CHOICES.get(f.name),
+            help=HELP.get(f.name),
+        )
+    return parser
+
+
+def parse_args(argv: list[str]) -> ServerArgs:
+    if argv[:1] == ["serve"]:
+        argv = argv[1:]
+    ns = build_parser().parse_args(argv)
+    try:
+        return ServerArgs.from_kwargs(**vars(ns))
+    except ValueError as e:
+        raise SystemExit(f"radixlm serve: error: {e}") from None
+
+
+class _Server(uvicorn.Server):
+    """Prints the URL once the model is loaded and the socket is listening."""
+
+    def __init__(self, config: uvicorn.Config, url: str) -> None:
+        super().__init__(config)
+        self.url = url
+        self.fatal: str | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            print(f"radixlm is ready at {self.url}", flush=True)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        abort_in_flight(self.config.app)
+        await super().shutdown(sockets)
+
+    def die(self, reason: str) -> None:
+        self.fatal = reason
+        self.should_exit = True
+
+
+def serve(args: ServerArgs) -> int:
+    """Run until SIGTERM/SIGINT (0) or until the engine dies or fails to start (1)."""
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    holder: list[_Server] = []
+    app = create_app(args, on_fatal=lambda reason: holder[0].die(reason))
+    config = uvicorn.Config(
+        app, host=args.host, port=args.port, log_level=args.log_level,
+        timeout_graceful_shutdown=5, lifespan="on",
+    )
+    server = _Server(config, f"http://{host}:{args.port}")
+    holder.append(server)
+    server.run()
+    if server.fatal is not None:
+        print(f"radixlm: the engine died: {server.fatal}", file=sys.stderr, flush=True)
+        return 1
+    return 0 if server.started else 1
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=args.log_level.upper(), format="[server] %(levelname)s %(message)s")
+    sys.exit(serve(args))

@@ -1,0 +1,150 @@
+"""Native routes: /generate (the Engine's shapes), health, info, cache and tokenizer helpers."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from radixlm.runtime.io_struct import GenerateInput, SingleRequest
+from radixlm.runtime.tokenizer_manager import EngineDeadError
+from radixlm.server.errors import APIError, error_response
+from radixlm.server.protocol import (
+    AbortRequest,
+    DetokenizeRequest,
+    GenerateRequest,
+    TokenizeRequest,
+)
+from radixlm.server.state import ServerState, server_state
+from radixlm.server.streams import (
+    DONE_FRAME,
+    collect,
+    generate_chunks,
+    race_disconnect,
+    sse,
+    sse_response,
+)
+
+router = APIRouter(tags=["native"])
+HEALTH_TIMEOUT_S = 30.0
+
+
+@router.post("/generate")
+async def generate(body: GenerateRequest, request: Request) -> Any:
+    """Generate for one prompt or a batch; with ``stream``, SSE frames carrying the text so far
+    (and ``index`` when there are several prompts or samples), ending with ``data: [DONE]``."""
+    state = server_state(request)
+    obj = GenerateInput(**body.model_dump())
+    reqs = obj.split()
+    if obj.stream:
+        return await sse_response(request, _frames(state, reqs))
+    results = await race_disconnect(request, collect(state.runtime, reqs))
+    return results if obj.is_batch or len(results) > 1 else results[0]
+
+
+async def _frames(state: ServerState, reqs: list[SingleRequest]) -> AsyncIterator[str]:
+    several = len(reqs) > 1
+    async for i, chunk in generate_chunks(state.runtime, reqs):
+        yield sse({**chunk, "index": i} if several else chunk)
+    yield DONE_FRAME
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    """200 while the scheduler and detokenizer processes are alive, else 503."""
+    state = getattr(request.app.state, "server", None)
+    if state is None:
+        return error_response(503, "the server is starting")
+    if not state.runtime.alive:
+        reason = state.runtime.manager.dead or state.runtime.backend.dead_reason()
+        return error_response(503, f"the engine is not running: {reason}")
+    return Response(status_code=200)
+
+
+@router.get("/health_generate")
+async def health_generate(request: Request) -> Response:
+    """200 once a one-token generation went through the whole pipeline, else 503."""
+    state = server_state(request)
+    probe = GenerateInput(
+        input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0.0},
+        rid=f"health-{uuid.uuid4().hex}",
+    )
+    try:
+        await asyncio.wait_for(collect(state.runtime, probe.split()), HEALTH_TIMEOUT_S)
+    except (EngineDeadError, asyncio.TimeoutError) as e:
+        return error_response(503, f"generation failed: {type(e).__name__}: {e}")
+    return Response(status_code=200)
+
+
+@router.get("/get_model_info")
+async def get_model_info(request: Request) -> dict[str, Any]:
+    state = server_state(request)
+    return {
+        "model_path": state.model_path,
+        "tokenizer_path": state.args.tokenizer_path or state.model_path,
+        "is_generation": True,
+        "served_model_name": state.served_model_name,
+        "context_length": state.context_len,
+    }
+
+
+@router.get("/get_server_info")
+async def get_server_info(request: Request) -> dict[str, Any]:
+    """The server's arguments, the model's limits and live scheduler stats."""
+    state = server_state(request)
+    return {**await state.runtime.server_info(), "served_model_name": state.served_model_name}
+
+
+@router.post("/flush_cache")
+async def flush_cache(request: Request) -> dict[str, Any]:
+    """Empty the radix cache; refused (409) while requests run."""
+    if not await server_state(request).runtime.flush_cache():
+        raise APIError(409, "cannot flush the cache while requests are running")
+    return {"success": True}
+
+
+@router.post("/abort_request")
+async def abort_request(body: AbortRequest, request: Request) -> dict[str, Any]:
+    """Abort a request (and its samples ``rid-0``, ``rid-1``, ...) or every request in flight."""
+    manager = server_state(request).runtime.manager
+    if body.rid is None and not body.abort_all:
+        raise APIError(400, "give rid or abort_all", param="rid")
+    rids = [
+        rid for rid in list(manager.states)
+        if body.abort_all or rid == body.rid or rid.startswith(f"{body.rid}-")
+    ]
+    for rid in rids or ([body.rid] if body.rid else []):
+        manager.abort(rid)
+    return {"success": True, "aborted": rids}
+
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
+    state = server_state(request)
+    tokens = state.tokenizer.encode(body.text, add_special_tokens=body.add_special_tokens)
+    return {"tokens": tokens, "count": len(tokens), "max_model_len": state.context_len}
+
+
+@router.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, request: Request) -> dict[str, Any]:
+    state = server_state(request)
+    vocab = state.runtime.backend.info["vocab_size"]
+    if any(t < 0 or t >= vocab for t in body.tokens):
+        raise APIError(400, f"tokens must be token ids in [0, {vocab})", param="tokens")
+    text = state.tokenizer.decode(body.tokens, skip_special_tokens=body.skip_special_tokens)
+    return {"text": text}
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    """Prometheus metrics (scheduler stats are read at scrape time)."""
+    state = server_state(request)
+    try:
+        stats = (await state.runtime.manager.control("stats", timeout=5.0)).data
+    except (EngineDeadError, asyncio.TimeoutError):
+        stats = None
+    return Response(state.metrics.render(stats), media_type=CONTENT_TYPE_LATEST)

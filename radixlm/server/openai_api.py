@@ -1,0 +1,229 @@
+"""OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from radixlm.runtime.io_struct import GenerateInput, SingleRequest
+from radixlm.server import openai_format as fmt
+from radixlm.server.errors import APIError
+from radixlm.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from radixlm.server.state import ServerState, server_state
+from radixlm.server.streams import (
+    DONE_FRAME,
+    collect,
+    generate_chunks,
+    race_disconnect,
+    sse,
+    sse_response,
+)
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+
+
+@dataclass
+class _Call:
+    """One OpenAI call being served: its requests and how to label its responses."""
+
+    state: ServerState
+    body: SamplingFields
+    reqs: list[SingleRequest]
+    kind: str
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def envelope(self, obj: str, choices: list[dict]) -> dict[str, Any]:
+        prefix = "chatcmpl" if self.kind == "chat" else "cmpl"
+        return {
+            "id": f"{prefix}-{self.id}",
+            "object": obj,
+            "created": self.created,
+            "model": self.state.served_model_name,
+            "choices": choices,
+        }
+
+    def prompt_text(self, i: int) -> str:
+        req = self.reqs[i]
+        return req.text if req.text is not None else self.state.tokenizer.decode(req.input_ids)
+
+
+@router.get("/models")
+async def list_models(request: Request) -> dict[str, Any]:
+    """The one model this server serves."""
+    state = server_state(request)
+    return {
+        "object": "list",
+        "data": [{
+            "id": state.served_model_name,
+            "object": "model",
+            "created": state.started,
+            "owned_by": "radixlm",
+            "root": state.model_path,
+            "max_model_len": state.context_len,
+        }],
+    }
+
+
+@router.post("/completions")
+async def completions(body: CompletionRequest, request: Request) -> Any:
+    """Text completion for one prompt or a batch (strings or token ids)."""
+    try:
+        call = _start(request, body, fmt.completion_input(body), "completion")
+        if body.stream:
+            return await sse_response(request, _completion_frames(call))
+        results = await _finished(request, call)
+        choices = [_completion_choice(call, i, r) for i, r in enumerate(results)]
+        return {**call.envelope("text_completion", choices), "usage": fmt.usage(results, body.n)}
+    except ValueError as e:
+        raise APIError(400, *fmt.openai_message(str(e))) from None
+
+
+@router.post("/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
+    """Chat completion through the model's chat template (or ``--chat-template``)."""
+    try:
+        state = server_state(request)
+        obj = fmt.chat_input(body, state.tokenizer, state.chat_template)
+        call = _start(request, body, obj, "chat")
+        if body.stream:
+            return await sse_response(request, _chat_frames(call))
+        results = await _finished(request, call)
+        choices = [_chat_choice(call, i, r) for i, r in enumerate(results)]
+        return {**call.envelope("chat.completion", choices), "usage": fmt.usage(results, body.n)}
+    except ValueError as e:
+        raise APIError(400, *fmt.openai_message(str(e))) from None
+
+
+def _start(request: Request, body: SamplingFields, obj: GenerateInput, kind: str) -> _Call:
+    state = server_state(request)
+    state.check_model(body.model)
+    return _Call(state, body, obj.split(), kind)
+
+
+async def _finished(request: Request, call: _Call) -> list[dict]:
+    results = await race_disconnect(request, collect(call.state.runtime, call.reqs))
+    for r in results:
+        _raise_if_failed(r["meta_info"])
+    return results
+
+
+def _raise_if_failed(meta: dict[str, Any]) -> None:
+    reason = meta.get("finish_reason") or {}
+    if reason.get("type") == "abort" and reason.get("message") not in (None, "aborted"):
+        raise ValueError(reason["message"])
+
+
+def _completion_choice(call: _Call, i: int, result: dict) -> dict[str, Any]:
+    body: CompletionRequest = call.body  # type: ignore[assignment]
+    meta = result["meta_info"]
+    prefix = call.prompt_text(i) if body.echo else ""
+    logprobs = None
+    if body.logprobs is not None:
+        logprobs = fmt.completion_logprobs(meta, 0, 0, body.echo)
+    return {
+        "index": i,
+        "text": prefix + result["text"],
+        "logprobs": logprobs,
+        "finish_reason": fmt.finish_reason(meta),
+    }
+
+
+def _chat_choice(call: _Call, i: int, result: dict) -> dict[str, Any]:
+    meta = result["meta_info"]
+    body: ChatCompletionRequest = call.body  # type: ignore[assignment]
+    return {
+        "index": i,
+        "message": {"role": "assistant", "content": result["text"]},
+        "logprobs": fmt.chat_logprobs(meta, 0) if body.logprobs else None,
+        "finish_reason": fmt.finish_reason(meta),
+    }
+
+
+# -- streaming ------------------------------------------------------------------------------------
+
+
+class _Progress:
+    """What has been sent so far of each choice of a stream."""
+
+    def __init__(self, k: int) -> None:
+        self.text = [0] * k
+        self.logprobs = [0] * k
+        self.started = [False] * k
+        self.final: list[dict | None] = [None] * k
+
+    def advance(self, i: int, chunk: dict) -> tuple[str, int, bool]:
+        """(new text, index of the first new logprob entry, whether this is the first chunk)."""
+        meta = chunk["meta_info"]
+        text = chunk["text"][self.text[i] :]
+        lp_start, first = self.logprobs[i], not self.started[i]
+        self.text[i] = len(chunk["text"])
+        self.logprobs[i] = len(meta.get("output_token_logprobs", []))
+        self.started[i] = True
+        if meta.get("finish_reason"):
+            _raise_if_failed(meta)
+            self.final[i] = chunk
+        return text, lp_start, first
+
+    def idle(self, i: int, text: str, lp_start: int, meta: dict) -> bool:
+        """Nothing to send: no text, no logprobs and not finished."""
+        return not text and self.logprobs[i] == lp_start and not meta.get("finish_reason")
+
+
+async def _completion_frames(call: _Call) -> AsyncIterator[str]:
+    body: CompletionRequest = call.body  # type: ignore[assignment]
+    progress = _Progress(len(call.reqs))
+    async for i, chunk in generate_chunks(call.state.runtime, call.reqs):
+        offset = progress.text[i]
+        text, lp_start, first = progress.advance(i, chunk)
+        meta = chunk["meta_info"]
+        echo = body.echo and first
+        if progress.idle(i, text, lp_start, meta) and not echo:
+            continue
+        if echo:
+            text = call.prompt_text(i) + text
+        logprobs = None
+        if body.logprobs is not None:
+            logprobs = fmt.completion_logprobs(meta, lp_start, offset, echo)
+        choice = {"index": i, "text": text, "logprobs": logprobs}
+        yield sse(_chunk(call, "text_completion", {**choice, "finish_reason": fmt.finish_reason(meta)}))
+    async for frame in _stream_end(call, progress, "text_completion"):
+        yield frame
+
+
+async def _chat_frames(call: _Call) -> AsyncIterator[str]:
+    body: ChatCompletionRequest = call.body  # type: ignore[assignment]
+    progress = _Progress(len(call.reqs))
+    obj = "chat.completion.chunk"
+    async for i, chunk in generate_chunks(call.state.runtime, call.reqs):
+        text, lp_start, first = progress.advance(i, chunk)
+        meta = chunk["meta_info"]
+        if first:
+            role = {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None}
+            yield sse(_chunk(call, obj, {**role, "finish_reason": None}))
+        if progress.idle(i, text, lp_start, meta):
+            continue
+        logprobs = fmt.chat_logprobs(meta, lp_start) if body.logprobs else None
+        choice = {"index": i, "delta": {"content": text} if text else {}, "logprobs": logprobs}
+        yield sse(_chunk(call, obj, {**choice, "finish_reason": fmt.finish_reason(meta)}))
+    async for frame in _stream_end(call, progress, obj):
+        yield frame
+
+
+def _chunk(call: _Call, obj: str, choice: dict[str, Any]) -> dict[str, Any]:
+    out = call.envelope(obj, [choice])
+    if call.body.include_usage:
+        out["usage"] = None
+    return out
+
+
+async def _stream_end(call: _Call, progress: _Progress, obj: str) -> AsyncIterator[str]:
+    if call.body.include_usage and all(progress.final):
+        results = [r for r in progress.final if r is not None]
+        yield sse({**call.envelope(obj, []), "usage": fmt.usage(results, call.body.n)})
+    yield DONE_FRAME

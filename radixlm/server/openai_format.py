@@ -1,0 +1,179 @@
+"""Translation between OpenAI's request/response shapes and the runtime's ``/generate`` shapes."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import jinja2
+
+from radixlm.runtime.io_struct import GenerateInput
+from radixlm.server.errors import guess_param
+from radixlm.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+
+OPENAI_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "sampling_seed": "seed"}
+FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+def openai_message(message: str) -> tuple[str, str | None]:
+    """A runtime error message in OpenAI's parameter names, and the parameter it is about."""
+    for ours, theirs in OPENAI_NAMES.items():
+        message = message.replace(ours, theirs)
+    return message, guess_param(message)
+
+
+def sampling_params(req: SamplingFields, max_tokens: int | None) -> dict[str, Any]:
+    """The runtime's sampling parameters for an OpenAI request (unset fields keep defaults)."""
+    params = {
+        "max_new_tokens": max_tokens,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "n": req.n,
+        "stop": req.stop,
+        "sampling_seed": req.seed,
+        "presence_penalty": req.presence_penalty,
+        "frequency_penalty": req.frequency_penalty,
+        "top_k": req.top_k,
+        "min_p": req.min_p,
+        "repetition_penalty": req.repetition_penalty,
+        "min_new_tokens": req.min_tokens,
+        "ignore_eos": req.ignore_eos,
+        "stop_token_ids": req.stop_token_ids,
+        "skip_special_tokens": req.skip_special_tokens,
+        "no_stop_trim": req.no_stop_trim,
+        "regex": req.regex,
+        "json_schema": req.json_schema,
+    }
+    return {k: v for k, v in params.items() if v is not None}
+
+
+def completion_input(req: CompletionRequest) -> GenerateInput:
+    prompt = req.prompt
+    if isinstance(prompt, list) and not prompt:
+        raise ValueError("prompt must not be empty")
+    is_ids = isinstance(prompt, list) and not isinstance(prompt[0], str)
+    logprobs = req.logprobs is not None
+    return GenerateInput(
+        text=None if is_ids else prompt,
+        input_ids=prompt if is_ids else None,
+        sampling_params=sampling_params(req, req.max_tokens),
+        stream=req.stream,
+        return_logprob=logprobs,
+        logprob_start_len=0 if logprobs and req.echo else -1,
+        top_logprobs_num=req.logprobs or 0,
+        return_text_in_logprobs=True,
+    )
+
+
+def chat_input(req: ChatCompletionRequest, tokenizer, template: str | None) -> GenerateInput:
+    params = sampling_params(req, req.max_completion_tokens or req.max_tokens)
+    fmt = req.response_format
+    if fmt is not None and fmt.type != "text":
+        if "json_schema" in params or "regex" in params:
+            raise ValueError("response_format cannot be combined with regex or json_schema")
+        schema = fmt.json_schema.schema_ if fmt.type == "json_schema" and fmt.json_schema else None
+        params["json_schema"] = json.dumps(schema or {"type": "object"})
+    prompt = render_chat(tokenizer, req, template)
+    return GenerateInput(
+        input_ids=tokenizer.encode(prompt, add_special_tokens=False) or None,
+        sampling_params=params,
+        stream=req.stream,
+        return_logprob=req.logprobs,
+        top_logprobs_num=(req.top_logprobs or 0) if req.logprobs else 0,
+        return_text_in_logprobs=True,
+    )
+
+
+def render_chat(tokenizer, req: ChatCompletionRequest, template: str | None) -> str:
+    """The prompt text of a conversation, ending with the assistant's turn opened."""
+    messages = [
+        {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+        for m in req.messages
+    ]
+    if template is None and not getattr(tokenizer, "chat_template", None):
+        raise ValueError("the model has no chat template; start the server with --chat-template")
+    try:
+        return tokenizer.apply_chat_template(
+            messages, chat_template=template, tokenize=False, add_generation_prompt=True
+        )
+    except jinja2.TemplateError as e:
+        raise ValueError(f"messages: the chat template rejected them: {e}") from None
+
+
+def load_chat_template(spec: str | None) -> str | None:
+    """``--chat-template``: a file path or the Jinja template itself."""
+    if spec is None:
+        return None
+    if os.path.isfile(spec):
+        with open(spec) as f:
+            return f.read()
+    if "{{" in spec or "{%" in spec:
+        return spec
+    raise ValueError(f"chat_template {spec!r} is neither a file nor a Jinja template")
+
+
+# -- responses ------------------------------------------------------------------------------------
+
+
+def finish_reason(meta: dict[str, Any]) -> str | None:
+    reason = meta.get("finish_reason")
+    return FINISH_REASONS.get(reason["type"], reason["type"]) if reason else None
+
+
+def usage(results: list[dict], n: int) -> dict[str, Any]:
+    """Token counts over all choices; each prompt counts once however many samples it has."""
+    metas = [r["meta_info"] for r in results]
+    prompts = metas[::n]
+    prompt_tokens = sum(m["prompt_tokens"] for m in prompts)
+    completion = sum(m["completion_tokens"] for m in metas)
+    cached = sum(
+        max(m.get("cached_tokens", 0) for m in metas[i : i + n]) for i in range(0, len(metas), n)
+    )
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": prompt_tokens + completion,
+        "prompt_tokens_details": {"cached_tokens": min(cached, prompt_tokens)},
+    }
+
+
+def completion_logprobs(meta: dict[str, Any], start: int, offset: int, echo: bool) -> dict:
+    """The legacy completions ``logprobs`` object for output entries from ``start`` on."""
+    entries = list(meta.get("output_token_logprobs", []))[start:]
+    tops = list(meta.get("output_top_logprobs", []))[start:]
+    if echo and start == 0:
+        entries = list(meta.get("input_token_logprobs", [])) + entries
+        tops = list(meta.get("input_top_logprobs", [])) + tops
+    tokens = [e[2] or "" for e in entries]
+    offsets, pos = [], offset
+    for t in tokens:
+        offsets.append(pos)
+        pos += len(t)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [e[0] for e in entries],
+        "top_logprobs": [_top_dict(row) for row in tops] if tops else None,
+        "text_offset": offsets,
+    }
+
+
+def _top_dict(row: list | None) -> dict[str, float] | None:
+    return {(e[2] or ""): e[0] for e in row} if row else None
+
+
+def chat_logprobs(meta: dict[str, Any], start: int) -> dict[str, Any]:
+    """The chat ``logprobs`` object for output entries from ``start`` on."""
+    entries = list(meta.get("output_token_logprobs", []))[start:]
+    tops = list(meta.get("output_top_logprobs", []))[start:] or [None] * len(entries)
+    return {
+        "content": [
+            {**_chat_token(e), "top_logprobs": [_chat_token(t) for t in (row or [])]}
+            for e, row in zip(entries, tops)
+        ]
+    }
+
+
+def _chat_token(entry: list) -> dict[str, Any]:
+    text = entry[2] or ""
+    return {"token": text, "logprob": entry[0], "bytes": list(text.encode())}

@@ -1,0 +1,62 @@
+"""What the server knows once its runtime has started (kept on ``app.state``, nothing global)."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+from starlette.requests import Request
+
+from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.runtime import Runtime
+from radixlm.server.errors import APIError
+from radixlm.server.metrics import ServerMetrics
+
+
+@dataclass
+class ServerState:
+    args: ServerArgs
+    runtime: Runtime
+    metrics: ServerMetrics
+    served_model_name: str
+    chat_template: str | None
+    started: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def tokenizer(self):
+        return self.runtime.tokenizer
+
+    @property
+    def model_path(self) -> str:
+        return self.runtime.backend.info["model_path"]
+
+    @property
+    def context_len(self) -> int:
+        return self.runtime.backend.info["context_len"]
+
+    def check_model(self, name: str | None) -> None:
+        """404 unless ``name`` (when given) names the served model."""
+        known = {self.served_model_name, self.model_path, self.args.model_path}
+        if name is not None and name not in known:
+            raise APIError(
+                404, f"the model {name!r} does not exist; this server serves "
+                f"{self.served_model_name!r}", param="model", code="model_not_found",
+            )
+
+
+def served_name(args: ServerArgs, model_path: str) -> str:
+    """``--served-model-name``, else the model path as given, else the default file's stem."""
+    if args.served_model_name:
+        return args.served_model_name
+    if args.model_path:
+        return args.model_path
+    return os.path.basename(model_path).removesuffix(".gguf")
+
+
+def server_state(request: Request) -> ServerState:
+    """The started server's state, or 503 while it is still starting."""
+    state = getattr(request.app.state, "server", None)
+    if state is None:
+        raise APIError(503, "the server is starting", code="not_ready")
+    return state

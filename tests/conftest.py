@@ -1,0 +1,110 @@
+"""Shared fixtures: tiny random-weight models built on the fly, and engines on them."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from radixlm.runtime.loader.loader import default_model_path
+
+TINY_SHAPES = {
+    "LlamaForCausalLM": dict(model_type="llama"),
+    "Qwen2ForCausalLM": dict(model_type="qwen2"),
+    "Qwen3ForCausalLM": dict(model_type="qwen3", head_dim=32),
+}
+
+
+@pytest.fixture(scope="session")
+def smollm_path() -> str:
+    return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def smollm_tokenizer(smollm_path):
+    from radixlm.runtime.loader.gguf_loader import gguf_tokenizer
+
+    return gguf_tokenizer(smollm_path)
+
+
+def build_tiny_model(path: str, architecture: str, tokenizer, seed: int = 0, **overrides) -> str:
+    """Save a random-weight HF model (safetensors + tokenizer) of ``architecture`` at ``path``."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    shape = dict(TINY_SHAPES[architecture])
+    model_type = shape.pop("model_type")
+    config = AutoConfig.for_model(
+        model_type,
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        architectures=[architecture],
+        **{**shape, **overrides},
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.5 if p.dim() == 1 else 0.08)
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    with open(os.path.join(path, "config.json")) as f:
+        assert json.load(f)["architectures"] == [architecture]
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_factory(tmp_path_factory, smollm_tokenizer):
+    cache: dict[str, str] = {}
+
+    def make(architecture: str = "LlamaForCausalLM", **overrides) -> str:
+        key = f"{architecture}-{sorted(overrides.items())}"
+        if key not in cache:
+            path = str(tmp_path_factory.mktemp(architecture))
+            cache[key] = build_tiny_model(path, architecture, smollm_tokenizer, **overrides)
+        return cache[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_model_factory) -> str:
+    return tiny_model_factory("LlamaForCausalLM")
+
+
+@pytest.fixture(scope="session")
+def smol_engine():
+    """The embedded SmolLM2 in float32, shared by the tests that only generate."""
+    from radixlm import Engine
+
+    engine = Engine(dtype="float32", max_total_tokens=16384, chunked_prefill_size=512)
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_llama):
+    from radixlm import Engine
+
+    engine = Engine(tiny_llama, dtype="float32", max_total_tokens=8192)
+    yield engine
+    engine.shutdown()
+
+
+def assert_no_leak(engine) -> None:
+    """Every KV slot is free once the cache is flushed (call when no request runs)."""
+    assert engine.flush_cache()
+    stats = engine.get_server_info()["stats"]
+    assert stats["kv_invariant_ok"] is True
+    assert stats["free_tokens"] == stats["max_total_tokens"], stats
