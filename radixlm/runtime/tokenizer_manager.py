@@ -112,6 +112,8 @@ class TokenizerManager:
                 if isinstance(out, Exception):
                     raise out
                 finished = self._apply(state, out)
+                if finished and out.finish.get("error") == "invalid_request":
+                    raise ValueError(out.finish["message"])
                 if req.stream or finished:
                     yield self._response(state)
         finally:

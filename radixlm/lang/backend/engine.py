@@ -45,16 +45,8 @@ class EngineBackend(GenerateApiBackend):
         body = dict(body)
         return self.engine.generate(body.pop("text", None), stream=True, **body)
 
-    def _choice_entries(self, prefix: str, choice: str, entries: list, start: int) -> list:
-        """Exact: the choice's tokens are those after the longest common token prefix of
-        ``prefix`` and ``prefix + choice``."""
-        tok = self.engine.tokenizer
-        a = tok.encode(prefix, add_special_tokens=True) if prefix else []
-        b = tok.encode(prefix + choice, add_special_tokens=True)
-        common = 0
-        while common < min(len(a), len(b)) and a[common] == b[common]:
-            common += 1
-        return entries[max(common - start, 0):]
+    def _encode(self, text: str) -> list[int]:
+        return self.engine.tokenizer.encode(text)
 
     def flush_cache(self) -> bool:
         return self.engine.flush_cache()

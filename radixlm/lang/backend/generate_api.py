@@ -90,14 +90,23 @@ class GenerateApiBackend(BaseBackend):
         out = self._generate({"text": prefix, "sampling_params": {"max_new_tokens": 0}})
         return out["meta_info"]["prompt_tokens"]
 
-    def _choice_entries(self, prefix: str, choice: str, entries: list, start: int) -> list:
-        """The entries (from position ``start``) that belong to ``choice``.
+    def _encode(self, text: str) -> list[int] | None:
+        """Token ids of ``text`` as the runtime tokenises it, or ``None`` if unavailable."""
+        return None
 
-        ``entries[0]`` is the last prefix token unless tokenising ``prefix + choice`` merged it
-        with the choice's first characters; then it counts as the choice's.
-        """
-        if start == 0 and not prefix:
+    def _choice_entries(self, prefix: str, choice: str, entries: list, start: int) -> list:
+        """The entries (from position ``start``) that belong to ``choice``: the tokens after the
+        longest common token prefix of ``prefix`` and ``prefix + choice``. Without a tokenizer,
+        ``entries[0]`` (the last prefix token) counts as the choice's only when tokenising
+        ``prefix + choice`` merged it with the choice's first characters."""
+        if not prefix:
             return entries
+        base, full = self._encode(prefix), self._encode(prefix + choice)
+        if base is not None and full is not None:
+            common = 0
+            while common < min(len(base), len(full)) and base[common] == full[common]:
+                common += 1
+            return entries[max(common - start, 0):]
         rest = "".join(e[2] or "" for e in entries[1:])
         return entries[1:] if rest == choice and len(entries) > 1 else entries
 

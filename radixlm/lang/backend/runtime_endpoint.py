@@ -41,6 +41,7 @@ class RuntimeEndpoint(GenerateApiBackend):
             limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
         )
         self.model_info = self._request("GET", "/get_model_info")
+        self._can_tokenize: bool | None = None
         super().__init__(self._template(chat_template_name))
 
     def _template(self, name: str | None) -> ChatTemplate:
@@ -86,6 +87,14 @@ class RuntimeEndpoint(GenerateApiBackend):
                 text = data["text"]
                 yield {**data, "text": text[sent:]}
                 sent = len(text)
+
+    def _encode(self, text: str) -> list[int] | None:
+        """Through the server's ``/tokenize`` when it has one."""
+        if self._can_tokenize is False:
+            return None
+        response = self.client.post("/tokenize", json={"text": text})
+        self._can_tokenize = response.status_code == 200
+        return response.json()["tokens"] if self._can_tokenize else None
 
     def flush_cache(self) -> bool:
         response = self.client.post("/flush_cache")

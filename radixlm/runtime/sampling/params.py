@@ -7,6 +7,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixlm.runtime.constrained.specs import check_regex, constraint_from_params
+
 
 @dataclass
 class SamplingParams:
@@ -83,9 +85,9 @@ class SamplingParams:
             raise ValueError(
                 f"min_new_tokens ({self.min_new_tokens}) must be <= max_new_tokens ({self.max_new_tokens})"
             )
-        constraints = [k for k in ("regex", "json_schema", "choices") if getattr(self, k) is not None]
-        if len(constraints) > 1:
-            raise ValueError(f"only one of regex, json_schema, choices may be set, got {constraints}")
+        constraint = constraint_from_params(self.regex, self.json_schema, self.choices)
+        if constraint is not None and constraint[0] == "regex":
+            check_regex(constraint[1])
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -50,7 +50,8 @@ class GrammarQueue:
             self.pending.remove(req)
             error = req.grammar.exception()
             if error is not None:
-                req.finish = {"type": "abort", "message": f"grammar error: {error}"}
+                message = f"{req.params.json_schema and 'json_schema' or 'constraint'}: {error}"
+                req.finish = {"type": "abort", "message": message, "error": "invalid_request"}
                 outbox.append(token_out(req, [], [], None))
             else:
                 req.grammar = req.grammar.result().matcher()
@@ -68,7 +69,38 @@ class GrammarQueue:
                 req.grammar.fill_bitmask(mask, row)
         return mask
 
-    @staticmethod
-    def advance(req: Req, token: int) -> None:
-        if req.grammar is not None and not req.grammar.is_terminated():
-            req.grammar.advance(token)
+    def advance(self, req: Req, token: int) -> list[int]:
+        """Advance the grammar over the sampled ``token`` and return the tokens to append: the
+        token itself, or, with jump-forward, the token and the text the grammar forces after it,
+        re-tokenised together so the ids are what the tokenizer would produce for that text."""
+        grammar = req.grammar
+        if grammar is None or grammar.is_terminated():
+            return [token]
+        grammar.advance(token)
+        if self.args.disable_jump_forward or grammar.is_terminated():
+            return [token]
+        forced = grammar.forced_continuation()
+        room = min(req.params.max_new_tokens - len(req.output_ids),
+                   self.runner.context_len - req.seq_len - 1)
+        if not forced or room <= 1:
+            return [token]
+        return self._retokenize(grammar, token, forced, room)
+
+    def _retokenize(self, grammar, token: int, forced: str, room: int) -> list[int]:
+        tok = self.runner.tokenizer
+        head = tok.decode([token])
+        if "\ufffd" in head:
+            return [token]
+        ids = tok.encode(head + forced, add_special_tokens=False)[:room]
+        grammar.rollback(1)
+        taken = []
+        for t in ids:
+            try:
+                grammar.advance(t)
+            except ValueError:
+                break
+            taken.append(t)
+        if not taken:
+            grammar.advance(token)
+            return [token]
+        return taken

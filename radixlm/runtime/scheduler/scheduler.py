@@ -57,7 +57,12 @@ class Scheduler:
         return None
 
     def add_request(self, msg: GenerateReq) -> None:
-        req = Req(msg.rid, list(msg.input_ids), SamplingParams.from_dict(msg.sampling), stream=msg.stream)
+        try:
+            params = SamplingParams.from_dict(msg.sampling)
+        except ValueError as e:
+            req = Req(msg.rid, list(msg.input_ids), SamplingParams())
+            return self._finish_now(req, str(e), error="invalid_request")
+        req = Req(msg.rid, list(msg.input_ids), params, stream=msg.stream)
         if msg.return_logprob:
             req.logprob = LogprobState(msg.logprob_start_len, msg.top_logprobs_num)
         if not req.input_ids or len(req.input_ids) >= self.runner.context_len:
@@ -78,8 +83,10 @@ class Scheduler:
             self.cache.release(req)
             self._finish_now(req, "aborted")
 
-    def _finish_now(self, req: Req, message: str) -> None:
+    def _finish_now(self, req: Req, message: str, error: str | None = None) -> None:
         req.finish = {"type": "abort", "message": message}
+        if error:
+            req.finish["error"] = error
         self.outbox.append(token_out(req, [], [], None))
 
     def control(self, msg: ControlReq) -> ControlOut:
@@ -172,12 +179,15 @@ class Scheduler:
         now = time.monotonic()
         for i, req in enumerate(reqs):
             token = result.token_ids[i]
-            req.output_ids.append(token)
             req.first_token_time = req.first_token_time or now
-            self.grammars.advance(req, token)
-            req.finish = self.stop.check(req, token)
+            new_ids = self.grammars.advance(req, token)
+            req.output_ids.extend(new_ids)
+            req.finish = self.stop.check(req, new_ids[-1])
             tops = [result.top_logprobs[i][: req.logprob.top_n]] if result.top_logprobs else None
-            self.outbox.append(token_out(req, [token], [result.logprobs[i]], tops))
+            if len(new_ids) > 1 and tops:
+                tops += [[]] * (len(new_ids) - 1)
+            logprobs = [result.logprobs[i]] + [0.0] * (len(new_ids) - 1)
+            self.outbox.append(token_out(req, new_ids, logprobs, tops))
 
     # -- reporting ------------------------------------------------------------------------------
 

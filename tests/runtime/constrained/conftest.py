@@ -45,11 +45,17 @@ def one_torch_thread():
 
 
 @pytest.fixture(scope="session")
-def tokenizer():
-    from transformers import AutoTokenizer
+def tokenizer(request):
+    """SmolLM2's tokenizer: the suite-wide (disk-cached) fixture when present, else built here."""
+    try:
+        return request.getfixturevalue("smollm_tokenizer")
+    except pytest.FixtureLookupError:
+        from transformers import AutoTokenizer
 
-    path = _gguf_path()
-    return AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+        path = _gguf_path()
+        return AutoTokenizer.from_pretrained(
+            os.path.dirname(path), gguf_file=os.path.basename(path)
+        )
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,105 @@
+"""fork/join, copy, var_scope and streaming, on the tiny model (mechanics, not meaning)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import radixlm as sgl
+from tests.conftest import assert_no_leak
+
+SHARED = "A long shared introduction that every branch starts with. " * 4
+
+
+@sgl.function
+def three_branches(s):
+    s += SHARED
+    forks = s.fork(3)
+    forks += lambda i: f"Branch {i}: " + sgl.gen("idea", max_tokens=4, ignore_eos=True)
+    forks[0] += "!"
+    values = [f["idea"] for f in forks]
+    forks.join()
+    s += "Done."
+    return values
+
+
+def test_fork_three_branches_share_the_prefix_and_join(tiny, tiny_engine):
+    tiny.flush_cache()
+    state = three_branches.run(temperature=0, backend=tiny)
+    values = state.ret_value
+    assert len(values) == 3 and all(isinstance(v, str) and v for v in values)
+    assert sorted(state["idea"]) == sorted(values)
+    assert state.text() == SHARED + "Done."
+    assert state.error() is None
+    assert_no_leak(tiny_engine)
+
+
+def test_fork_branch_requests_reuse_the_cached_prefix(tiny, tiny_engine):
+    @sgl.function
+    def branches(s):
+        s += SHARED
+        forks = s.fork(3)
+        forks += lambda i: f"B{i}" + sgl.gen("x", max_tokens=2, ignore_eos=True)
+        forks.join()
+        s["metas"] = [f.get_meta_info("x") for f in forks]
+
+    tiny.flush_cache()
+    state = branches.run(temperature=0, backend=tiny)
+    n_shared = len(tiny_engine.tokenizer.encode(SHARED))
+    assert all(m["cached_tokens"] >= n_shared - 1 for m in state["metas"])
+
+
+def test_copy_and_var_scope(tiny):
+    @sgl.function
+    def scoped(s):
+        s += "Start. "
+        with s.var_scope("middle"):
+            s += "inner text " + sgl.gen("g", max_tokens=2, ignore_eos=True)
+        with s.copy() as c:
+            c += "copy only " + sgl.gen("c", max_tokens=2, ignore_eos=True)
+
+    state = scoped.run(temperature=0, backend=tiny)
+    assert state["middle"] == "inner text " + state["g"]
+    assert len(state["c"]) == 1 and isinstance(state["c"][0], str)
+    assert "copy only" not in state.text()
+
+
+def test_join_concate_and_append_adds_the_branch_text(tiny):
+    @sgl.function
+    def concat(s):
+        s += "Root."
+        forks = s.fork(2)
+        forks += [" one", " two"]
+        forks.join("concate_and_append")
+
+    assert concat.run(backend=tiny).text() == "Root. one two"
+
+
+@sgl.function
+def streamed(s):
+    s += "Count: "
+    s += sgl.gen("numbers", max_tokens=6, ignore_eos=True)
+    s += " end"
+
+
+def test_streaming_chunks_concatenate_to_the_final_value(tiny):
+    state = streamed.run(stream=True, temperature=0, backend=tiny)
+    var_chunks = list(state.text_iter("numbers"))
+    assert "".join(var_chunks) == state["numbers"]
+    state = streamed.run(stream=True, temperature=0, backend=tiny)
+    text_chunks = list(state.text_iter())
+    assert len(text_chunks) > 1
+    assert "".join(text_chunks) == state.text() == "Count: " + state["numbers"] + " end"
+
+
+def test_async_text_iterator(tiny):
+    state = streamed.run(stream=True, temperature=0, backend=tiny)
+
+    async def collect():
+        return [chunk async for chunk in state.text_async_iter("numbers")]
+
+    assert "".join(asyncio.run(collect())) == state["numbers"]
+
+
+def test_text_iter_without_streaming_yields_the_final_value(tiny):
+    state = streamed.run(temperature=0, backend=tiny)
+    assert list(state.text_iter("numbers")) == [state["numbers"]]

@@ -1,0 +1,155 @@
+"""Faults: API keys, a full queue, disconnecting clients, a dead scheduler, SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+from server_helpers import flush_and_check_no_leak, launch_server
+
+KEY = "s3cret-key"
+LONG = {"max_new_tokens": 1000, "ignore_eos": True}
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def stats(client: httpx.Client) -> dict:
+    return client.get("/get_server_info").json()["stats"]
+
+
+def wait_for(predicate, timeout: float = 30.0, interval: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError("condition not reached in time")
+
+
+def wait_idle(client: httpx.Client) -> dict:
+    return wait_for(lambda: (s := stats(client))["num_running"] + s["num_waiting"] == 0 and s)
+
+
+@pytest.fixture(scope="module")
+def restricted(tiny_llama):
+    """One running request at most, no queue, and an API key."""
+    server = launch_server(
+        tiny_llama, "--max-total-tokens", "4096", "--api-key", KEY,
+        "--max-running-requests", "1", "--max-queued-requests", "0",
+    )
+    yield server
+    server.stop()
+
+
+def test_api_key_is_required_except_for_health(restricted):
+    with restricted.client() as c:
+        assert c.get("/health").status_code == 200
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+            response = c.get("/v1/models", headers=headers)
+            assert response.status_code == 401
+            assert response.json()["error"]["type"] == "authentication_error"
+        assert c.post("/generate", json={"text": "x"}).status_code == 401
+        ok = c.get("/get_model_info", headers={"Authorization": f"Bearer {KEY}"})
+        assert ok.status_code == 200
+    client = openai.OpenAI(base_url=f"{restricted.url}/v1", api_key=KEY, max_retries=0)
+    assert client.completions.create(model=client.models.list().data[0].id, prompt="x", max_tokens=1)
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{restricted.url}/v1", api_key="nope", max_retries=0).models.list()
+
+
+def test_queue_beyond_limit_is_503(restricted):
+    auth = {"Authorization": f"Bearer {KEY}"}
+    with restricted.client(headers=auth) as c:
+        body = {"text": "busy", "stream": True, "sampling_params": LONG}
+        with c.stream("POST", "/generate", json=body) as response:
+            lines = response.iter_lines()  # NOTE: dropping the iterator would close the stream
+            assert next(lines).startswith("data: ")
+            second = c.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+            assert second.status_code == 503
+            assert second.json()["error"]["code"] == "queue_full"
+        wait_idle(c)
+        assert c.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}).status_code == 200
+
+
+def test_sigterm_stops_everything(restricted):
+    children = restricted.children()
+    assert len(children) >= 2
+    with restricted.client(headers={"Authorization": f"Bearer {KEY}"}) as c:
+        body = {"text": "busy", "stream": True, "sampling_params": LONG}
+        with c.stream("POST", "/generate", json=body) as response:
+            lines = response.iter_lines()
+            assert next(lines).startswith("data: ")
+            restricted.proc.send_signal(signal.SIGTERM)
+            assert [ln for ln in lines if ln][-1] == "data: [DONE]"
+    assert restricted.proc.wait(30) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal
+    wait_for(lambda: not any(alive(pid) for pid in children), timeout=10)
+
+
+def finished_count(client: httpx.Client) -> float:
+    """Requests that ran to a stop or length finish (aborted ones are not counted)."""
+    metric = "radixlm:e2e_request_latency_seconds_count"
+    lines = [ln for ln in client.get("/metrics").text.splitlines() if ln.startswith(metric)]
+    return float(lines[0].split()[-1])
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_client_disconnect_aborts_and_frees_kv(tiny_server, streaming):
+    with tiny_server.client() as c:
+        flush_and_check_no_leak(c)
+        before = (stats(c)["generated_tokens"], finished_count(c))
+        body = {"prompt": "b", "stream": streaming, "max_tokens": 1000, "ignore_eos": True}
+        if streaming:
+            with c.stream("POST", "/v1/completions", json=body) as response:
+                for i, _ in enumerate(response.iter_lines()):
+                    if i > 4:
+                        break
+        else:
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(f"{tiny_server.url}/v1/completions", json=body, timeout=1.0)
+        generated = wait_idle(c)["generated_tokens"] - before[0]
+        assert finished_count(c) == before[1] and generated < 1000, "the request was not aborted"
+        flush_and_check_no_leak(c)
+
+
+def test_scheduler_death_fails_requests_and_exits_nonzero(tiny_llama):
+    server = launch_server(tiny_llama, "--max-total-tokens", "4096")
+    try:
+        children = server.children()
+        scheduler = next(p for p in children if b"scheduler" in _cmdline(p))
+        with ThreadPoolExecutor(2) as pool, server.client() as c:
+            plain = pool.submit(c.post, "/generate", json={"text": "p", "sampling_params": LONG})
+            streamed = pool.submit(_read_stream, server.url)
+            wait_for(lambda: stats(c)["num_running"] == 2)
+            os.kill(scheduler, signal.SIGKILL)
+            wait_for(lambda: c.get("/health").status_code == 503, timeout=2.5)
+            assert plain.result(timeout=30).status_code == 503
+            frames = streamed.result(timeout=30)
+        assert frames[-1] == "[DONE]" and "error" in json.loads(frames[-2])
+        assert server.proc.wait(30) != 0
+        wait_for(lambda: not any(alive(pid) for pid in children), timeout=10)
+    finally:
+        server.stop()
+
+
+def _cmdline(pid: int) -> bytes:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read()
+
+
+def _read_stream(url: str) -> list[str]:
+    body = {"text": "s", "stream": True, "sampling_params": LONG}
+    with httpx.stream("POST", f"{url}/generate", json=body, timeout=60) as response:
+        return [ln[6:] for ln in response.iter_lines() if ln.startswith("data: ")]
