@@ -124,7 +124,13 @@ class ServerArgs:
         _check_choice("dtype", self.dtype, DTYPES)
         _check_choice("load_format", self.load_format, LOAD_FORMATS)
         _check_choice("schedule_policy", self.schedule_policy, SCHEDULE_POLICIES)
-        for name in ("max_running_requests", "max_prefill_tokens", "tp_size", "dp_size", "page_size"):
+        for name in (
+            "max_running_requests",
+            "max_prefill_tokens",
+            "tp_size",
+            "dp_size",
+            "page_size",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("max_total_tokens", "context_length", "chunked_prefill_size"):
@@ -132,7 +138,9 @@ class ServerArgs:
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1 or None, got {value}")
         if not 0.0 < self.mem_fraction_static < 1.0:
-            raise ValueError(f"mem_fraction_static must be in (0, 1), got {self.mem_fraction_static}")
+            raise ValueError(
+                f"mem_fraction_static must be in (0, 1), got {self.mem_fraction_static}"
+            )
         if self.max_queued_requests is not None and self.max_queued_requests < 0:
             raise ValueError(f"max_queued_requests must be >= 0, got {self.max_queued_requests}")
 

@@ -57,7 +57,9 @@ class Detokenizer:
 
 
 def run_detokenizer_process(args: ServerArgs, ports: ipc.PortArgs, ready_pipe) -> None:
-    logging.basicConfig(level=args.log_level.upper(), format="[detokenizer] %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="[detokenizer] %(levelname)s %(message)s"
+    )
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     parent = os.getppid()
     try:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from typing import Any, AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.io_struct import GenerateInput
@@ -23,7 +24,9 @@ class Engine:
     def __init__(self, model_path: str | None = None, dtype: str = "auto", **options: Any) -> None:
         self.server_args = ServerArgs.from_kwargs(model_path=model_path, dtype=dtype, **options)
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="radixlm-engine", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="radixlm-engine", daemon=True
+        )
         self._thread.start()
         self._runtime: Runtime | None = None
         self._runtime = self._call(self._start())
@@ -56,8 +59,15 @@ class Engine:
     ) -> dict | list[dict] | Iterator[dict]:
         """Generate for one prompt (a dict), a batch (a list), or stream one prompt's chunks."""
         obj = GenerateInput(
-            prompt, input_ids, sampling_params, rid, stream, return_logprob, logprob_start_len,
-            top_logprobs_num, return_text_in_logprobs,
+            prompt,
+            input_ids,
+            sampling_params,
+            rid,
+            stream,
+            return_logprob,
+            logprob_start_len,
+            top_logprobs_num,
+            return_text_in_logprobs,
         )
         if stream:
             return self._stream(obj)

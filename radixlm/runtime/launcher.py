@@ -62,7 +62,9 @@ def launch(args: ServerArgs) -> Backend:
         read_fd, write_fd = os.pipe()
         proc = subprocess.Popen(
             [sys.executable, "-m", "radixlm.runtime.worker", role, str(write_fd)],
-            stdin=subprocess.PIPE, pass_fds=(write_fd,), start_new_session=False,
+            stdin=subprocess.PIPE,
+            pass_fds=(write_fd,),
+            start_new_session=False,
         )
         os.close(write_fd)
         proc.stdin.write(config.encode())
@@ -95,7 +97,9 @@ def _wait_ready(name: str, fd: int, proc: subprocess.Popen) -> dict:
             break
     if not data:
         if proc.poll() is not None:
-            raise RuntimeError(f"the {name} process died while starting (exit code {proc.returncode})")
+            raise RuntimeError(
+                f"the {name} process died while starting (exit code {proc.returncode})"
+            )
         raise TimeoutError(f"the {name} process did not start within {STARTUP_TIMEOUT_S:.0f} s")
     msg = json.loads(data)
     if not msg.pop("ok"):

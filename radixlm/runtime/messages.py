@@ -60,10 +60,10 @@ class ControlOut(msgspec.Struct, tag=True):
 class Batch(msgspec.Struct, tag=True):
     """Several outputs in one frame."""
 
-    items: list[Union[TokenOut, TextOut, ControlOut]]
+    items: list[TokenOut | TextOut | ControlOut]
 
 
-Message = Union[GenerateReq, AbortReq, ControlReq, TokenOut, TextOut, ControlOut, Batch]
+Message = Union[GenerateReq, AbortReq, ControlReq, TokenOut, TextOut, ControlOut, Batch]  # noqa: UP007
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)

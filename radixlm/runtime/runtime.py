@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.io_struct import GenerateInput

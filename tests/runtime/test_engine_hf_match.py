@@ -46,10 +46,13 @@ def hf_outputs(smollm_path, prompts) -> list[list[int]]:
     with torch.no_grad():
         for ids in prompts:
             gen = model.generate(
-                torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False,
-                eos_token_id=2, pad_token_id=2,
+                torch.tensor([ids]),
+                max_new_tokens=NEW_TOKENS,
+                do_sample=False,
+                eos_token_id=2,
+                pad_token_id=2,
             )
-            outs.append(gen[0, len(ids):].tolist())
+            outs.append(gen[0, len(ids) :].tolist())
     return outs
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -113,10 +114,14 @@ def gguf_tokenizer(path: str):
 
     stat = os.stat(path)
     root = os.environ.get("RADIXLM_CACHE", os.path.expanduser("~/.cache/radixlm"))
-    cache = os.path.join(root, "tokenizers", f"{os.path.basename(path)}-{stat.st_size}-{stat.st_mtime_ns}")
+    cache = os.path.join(
+        root, "tokenizers", f"{os.path.basename(path)}-{stat.st_size}-{stat.st_mtime_ns}"
+    )
     if os.path.isfile(os.path.join(cache, "tokenizer_config.json")):
         return AutoTokenizer.from_pretrained(cache)
-    tokenizer = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    tokenizer = AutoTokenizer.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path)
+    )
     try:
         tokenizer.save_pretrained(cache)
     except OSError:

@@ -128,7 +128,9 @@ def _progress(weights, path: str, fmt: str):
     if fmt == "gguf":
         total = len(gguf_loader.open_gguf(path).tensors)
     else:
-        total = safetensors_loader.safetensors_tensor_count(safetensors_loader.safetensors_files(path))
+        total = safetensors_loader.safetensors_tensor_count(
+            safetensors_loader.safetensors_files(path)
+        )
     desc = f"loading {os.path.basename(path.rstrip('/'))}"
     return tqdm(weights, total=total, desc=desc, unit="tensor", leave=False)
 

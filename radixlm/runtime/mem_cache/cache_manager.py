@@ -58,7 +58,9 @@ class CacheManager:
     def assign(self, req: Req, slots: torch.Tensor) -> None:
         """Record newly allocated slots for the next ``len(slots)`` positions of ``req``."""
         n = len(slots)
-        self.req_pool.table[req.slot, req.kv_len : req.kv_len + n] = slots.to(self.req_pool.table.device)
+        self.req_pool.table[req.slot, req.kv_len : req.kv_len + n] = slots.to(
+            self.req_pool.table.device
+        )
 
     # -- after compute -----------------------------------------------------------------------
 

@@ -78,5 +78,7 @@ class KVPool:
         self.v[layer][slots] = v.to(self.dtype)
 
     @staticmethod
-    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    def bytes_per_token(
+        num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> int:
         return 2 * num_layers * num_kv_heads * head_dim * torch.finfo(dtype).bits // 8

@@ -56,11 +56,15 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
         self._cache: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def cos_sin(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         need = int(positions.max()) + 1 if positions.numel() else 1
         if self._cache is None or self._cache[0].shape[0] < need or self._cache[0].dtype != dtype:
             n = max(need, 4096)
-            freqs = torch.outer(torch.arange(n, dtype=torch.float32, device=positions.device), self.inv_freq)
+            freqs = torch.outer(
+                torch.arange(n, dtype=torch.float32, device=positions.device), self.inv_freq
+            )
             emb = torch.cat([freqs, freqs], dim=-1)
             self._cache = (emb.cos().to(dtype), emb.sin().to(dtype))
         cos, sin = self._cache
@@ -94,12 +98,16 @@ class Attention(nn.Module):
         self.head_dim = config.head_dim
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.sizes = (q_size, kv_size, kv_size)
-        self.qkv_proj = nn.Linear(config.hidden_size, q_size + 2 * kv_size, bias=config.attention_bias)
+        self.qkv_proj = nn.Linear(
+            config.hidden_size, q_size + 2 * kv_size, bias=config.attention_bias
+        )
         self.o_proj = nn.Linear(q_size, config.hidden_size, bias=False)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
 
-    def forward(self, x: torch.Tensor, cos_sin: tuple, batch: ForwardBatch, backend) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos_sin: tuple, batch: ForwardBatch, backend
+    ) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
@@ -119,6 +127,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = GatedMLP(config.hidden_size, config.intermediate_size)
 
-    def forward(self, x: torch.Tensor, cos_sin: tuple, batch: ForwardBatch, backend) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos_sin: tuple, batch: ForwardBatch, backend
+    ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos_sin, batch, backend)
         return x + self.mlp(self.post_attention_layernorm(x))

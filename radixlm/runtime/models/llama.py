@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 from torch import nn
@@ -50,22 +50,30 @@ class LlamaForCausalLM(nn.Module):
         loaded: set[str] = set()
         for hf_name, tensor in weights:
             name = hf_name.removeprefix("model.")
-            if "rotary_emb" in name or (name == "lm_head.weight" and self.config.tie_word_embeddings):
+            if "rotary_emb" in name or (
+                name == "lm_head.weight" and self.config.tie_word_embeddings
+            ):
                 continue
             name, shard = _fused_name(name)
             if name not in params:
-                raise ValueError(f"checkpoint tensor {hf_name!r} has no place in {type(self).__name__}")
+                raise ValueError(
+                    f"checkpoint tensor {hf_name!r} has no place in {type(self).__name__}"
+                )
             self._copy(params[name], tensor, shard, name)
             loaded.add(name)
         missing = sorted(set(params) - loaded)
         if missing:
             raise ValueError(f"checkpoint is missing tensors: {missing[:8]}")
 
-    def _copy(self, param: nn.Parameter, tensor: torch.Tensor, shard: int | None, name: str) -> None:
+    def _copy(
+        self, param: nn.Parameter, tensor: torch.Tensor, shard: int | None, name: str
+    ) -> None:
         with torch.no_grad():
             target = param.data if shard is None else _shard_view(param.data, name, shard, self)
             if target.shape != tensor.shape:
-                raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != {tuple(target.shape)}")
+                raise ValueError(
+                    f"{name}: checkpoint shape {tuple(tensor.shape)} != {tuple(target.shape)}"
+                )
             target.copy_(tensor)
 
 

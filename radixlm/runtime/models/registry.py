@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 MODELS: dict[str, type] = {}
 
@@ -20,7 +20,5 @@ def get_model_class(architecture: str) -> type:
     from radixlm.runtime.models import llama, qwen2  # noqa: F401  (registers)
 
     if architecture not in MODELS:
-        raise ValueError(
-            f"unsupported architecture {architecture!r}; supported: {sorted(MODELS)}"
-        )
+        raise ValueError(f"unsupported architecture {architecture!r}; supported: {sorted(MODELS)}")
     return MODELS[architecture]

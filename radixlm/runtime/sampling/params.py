@@ -67,23 +67,32 @@ class SamplingParams:
         _num_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
         _num_range("presence_penalty", self.presence_penalty, -2.0, 2.0)
         _num_range("repetition_penalty", self.repetition_penalty, 0.0, 10.0, low_open=True)
-        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or (
-            self.top_k < 1 and self.top_k not in (-1, 0)
+        if (
+            not isinstance(self.top_k, int)
+            or isinstance(self.top_k, bool)
+            or (self.top_k < 1 and self.top_k not in (-1, 0))
         ):
-            raise ValueError(f"top_k must be -1 (all tokens) or an integer >= 1, got {self.top_k!r}")
+            raise ValueError(
+                f"top_k must be -1 (all tokens) or an integer >= 1, got {self.top_k!r}"
+            )
         if self.top_k == 0:
             self.top_k = -1
         if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
-            raise ValueError(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
+            raise ValueError(
+                f"stop must be a non-empty string or a list of them, got {self.stop!r}"
+            )
         if not isinstance(self.stop_token_ids, list) or not all(
             isinstance(t, int) and t >= 0 for t in self.stop_token_ids
         ):
-            raise ValueError(f"stop_token_ids must be a list of token ids, got {self.stop_token_ids!r}")
+            raise ValueError(
+                f"stop_token_ids must be a list of token ids, got {self.stop_token_ids!r}"
+            )
         if self.sampling_seed is not None and not isinstance(self.sampling_seed, int):
             raise ValueError(f"sampling_seed must be an integer, got {self.sampling_seed!r}")
         if self.min_new_tokens > self.max_new_tokens:
             raise ValueError(
-                f"min_new_tokens ({self.min_new_tokens}) must be <= max_new_tokens ({self.max_new_tokens})"
+                f"min_new_tokens ({self.min_new_tokens}) must be <= "
+                f"max_new_tokens ({self.max_new_tokens})"
             )
         constraint = constraint_from_params(self.regex, self.json_schema, self.choices)
         if constraint is not None and constraint[0] == "regex":

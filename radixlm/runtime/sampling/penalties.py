@@ -16,14 +16,20 @@ def token_counts(token_lists: list[list[int]], vocab: int, device: torch.device)
 
 
 def apply_frequency_presence(
-    logits: torch.Tensor, output_counts: torch.Tensor, frequency: torch.Tensor, presence: torch.Tensor
+    logits: torch.Tensor,
+    output_counts: torch.Tensor,
+    frequency: torch.Tensor,
+    presence: torch.Tensor,
 ) -> torch.Tensor:
     """OpenAI semantics over the generated tokens: ``- f * count - p * (count > 0)``."""
     return logits - frequency[:, None] * output_counts - presence[:, None] * (output_counts > 0)
 
 
-def apply_repetition(logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
-    """CTRL / Hugging Face semantics over prompt and output: divide positive logits, multiply negative."""
+def apply_repetition(
+    logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor
+) -> torch.Tensor:
+    """CTRL / Hugging Face semantics over prompt and output tokens: positive logits are divided
+    by the penalty, negative ones multiplied."""
     p = penalty[:, None]
     scaled = torch.where(logits > 0, logits / p, logits * p)
     return torch.where(seen, scaled, logits)

@@ -60,7 +60,9 @@ def _apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tenso
             logits, counts, torch.tensor(freq, device=device), torch.tensor(pres, device=device)
         )
     if any(p != 1.0 for p in rep):
-        seen = penalties.token_counts([r.prompt_ids + r.output_ids for r in rows], vocab, device) > 0
+        seen = (
+            penalties.token_counts([r.prompt_ids + r.output_ids for r in rows], vocab, device) > 0
+        )
         logits = penalties.apply_repetition(logits, seen, torch.tensor(rep, device=device))
     return logits
 
@@ -115,13 +117,17 @@ def min_p_filter(probs: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     return torch.where(probs >= threshold, probs, 0.0)
 
 
-def _exponential_noise(shape: torch.Size, rows: list[SampleRow], device: torch.device) -> torch.Tensor:
+def _exponential_noise(
+    shape: torch.Size, rows: list[SampleRow], device: torch.device
+) -> torch.Tensor:
     """Exp(1) noise; ``probs / noise`` argmax is a sample. Seeded rows use a generator keyed by
     (seed, step), so their tokens do not depend on the rest of the batch."""
     noise = torch.empty(shape, device=device).exponential_()
     for i, r in enumerate(rows):
         seed = r.params.sampling_seed
         if seed is not None:
-            gen = torch.Generator(device=device).manual_seed((seed * 1_000_003 + len(r.output_ids)) % 2**63)
+            gen = torch.Generator(device=device).manual_seed(
+                (seed * 1_000_003 + len(r.output_ids)) % 2**63
+            )
             noise[i] = torch.empty(shape[1], device=device).exponential_(generator=gen)
     return noise

@@ -57,7 +57,11 @@ def plan_decodes(running: list[Req], cache: CacheManager, plan: StepPlan) -> lis
 
 
 def plan_prefills(
-    running: list[Req], ordered_waiting: list[Req], cache: CacheManager, budget: Budget, plan: StepPlan
+    running: list[Req],
+    ordered_waiting: list[Req],
+    cache: CacheManager,
+    budget: Budget,
+    plan: StepPlan,
 ) -> None:
     """Continue chunked prefills, then admit waiting requests while the budget lasts."""
     left = budget.prefill_tokens

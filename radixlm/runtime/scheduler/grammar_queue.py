@@ -39,7 +39,9 @@ class GrammarQueue:
     def add(self, req: Req) -> None:
         from radixlm.runtime.constrained.base import constraint_from_params
 
-        kind, spec = constraint_from_params(req.params.regex, req.params.json_schema, req.params.choices)
+        kind, spec = constraint_from_params(
+            req.params.regex, req.params.json_schema, req.params.choices
+        )
         req.grammar = self.compiler.submit(kind, spec)
         self.pending.append(req)
 
@@ -80,8 +82,10 @@ class GrammarQueue:
         if self.args.disable_jump_forward or grammar.is_terminated():
             return [token]
         forced = grammar.forced_continuation()
-        room = min(req.params.max_new_tokens - len(req.output_ids),
-                   self.runner.context_len - req.seq_len - 1)
+        room = min(
+            req.params.max_new_tokens - len(req.output_ids),
+            self.runner.context_len - req.seq_len - 1,
+        )
         if not forced or room <= 1:
             return [token]
         return self._retokenize(grammar, token, forced, room)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from typing import Callable
+from collections.abc import Callable
 
 from radixlm.runtime.mem_cache.cache_manager import CacheManager
 from radixlm.runtime.scheduler.req import Req

@@ -20,7 +20,9 @@ logger = logging.getLogger(__name__)
 
 def run_scheduler_process(args: ServerArgs, ports: ipc.PortArgs, ready_pipe) -> None:
     """Entry point of the scheduler process. Reports ``{"ok", ...info}`` on ``ready_pipe``."""
-    logging.basicConfig(level=args.log_level.upper(), format="[scheduler] %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="[scheduler] %(levelname)s %(message)s"
+    )
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     parent = os.getppid()
     try:
@@ -29,7 +31,9 @@ def run_scheduler_process(args: ServerArgs, ports: ipc.PortArgs, ready_pipe) -> 
         inbox = ipc.pull(ctx, ports.scheduler)
         outbox = ipc.push(ctx, ports.detokenizer)
     except Exception as e:  # noqa: BLE001  (reported to the parent, which raises it)
-        ready_pipe.send({"ok": False, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()})
+        ready_pipe.send(
+            {"ok": False, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
+        )
         return
     ready_pipe.send({"ok": True, **model_info(scheduler)})
     _loop(scheduler, inbox, outbox, args, parent)
@@ -66,6 +70,9 @@ def _loop(scheduler: Scheduler, inbox, outbox, args: ServerArgs, parent: int) ->
             s = scheduler.stats_dict()
             logger.info(
                 "running %d, waiting %d, kv usage %.1f%%, hit rate %.1f%%, gen %.1f tok/s",
-                s["num_running"], s["num_waiting"], 100 * s["kv_usage"],
-                100 * s["cache_hit_rate"], s["gen_throughput"],
+                s["num_running"],
+                s["num_waiting"],
+                100 * s["kv_usage"],
+                100 * s["cache_hit_rate"],
+                s["gen_throughput"],
             )

@@ -24,8 +24,8 @@ class Req:
     """One generation request.
 
     ``kv_len`` counts the tokens of ``fill_ids`` whose KV is in the pool (matched from the cache
-    or computed); a request always has at least its newest token left to compute (the one whose logits give
-    the next token), so ``remaining >= 1`` while it runs.
+    or computed). A running request always has its newest token left to compute (its logits
+    give the next token), so ``remaining >= 1``.
     """
 
     rid: str

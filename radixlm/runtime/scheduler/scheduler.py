@@ -66,8 +66,11 @@ class Scheduler:
         if msg.return_logprob:
             req.logprob = LogprobState(msg.logprob_start_len, msg.top_logprobs_num)
         if not req.input_ids or len(req.input_ids) >= self.runner.context_len:
-            self._finish_now(req, f"prompt has {len(req.input_ids)} tokens; the context length "
-                             f"is {self.runner.context_len}")
+            self._finish_now(
+                req,
+                f"prompt has {len(req.input_ids)} tokens; the context length "
+                f"is {self.runner.context_len}",
+            )
         elif self.grammars.needs(req):
             self.grammars.add(req)
         else:
@@ -120,8 +123,11 @@ class Scheduler:
         plan = StepPlan()
         while admission.plan_decodes(self.running, self.cache, plan):
             self._retract(self._victim(self.running))
-        budget = Budget(self.args.max_prefill_tokens, self.args.chunked_prefill_size,
-                        self.args.max_running_requests)
+        budget = Budget(
+            self.args.max_prefill_tokens,
+            self.args.chunked_prefill_size,
+            self.args.max_running_requests,
+        )
         ordered = self.policy(self.waiting, self.cache) if self.waiting else []
         admission.plan_prefills(self.running, ordered, self.cache, budget, plan)
         for req in plan.admitted:
@@ -172,7 +178,9 @@ class Scheduler:
         if not reqs:
             return
         index = torch.tensor([i.sample_row for i in sampled if i.req.params.max_new_tokens > 0])
-        rows = [SampleRow(r.params, r.input_ids, r.output_ids, self.stop.banned_ids(r)) for r in reqs]
+        rows = [
+            SampleRow(r.params, r.input_ids, r.output_ids, self.stop.banned_ids(r)) for r in reqs
+        ]
         top_n = max((r.logprob.top_n for r in reqs if r.logprob), default=0)
         bitmask = self.grammars.bitmask(reqs, logits.shape[1])
         result = sample(logits[index], rows, bitmask, top_n)

@@ -23,7 +23,11 @@ def test_directory_without_weights_names_what_is_missing(tiny_llama, tmp_path):
     import torch
 
     with pytest.raises(FileNotFoundError, match="safetensors"):
-        load_model(ServerArgs(model_path=str(tmp_path), tokenizer_path=tiny_llama), torch.device("cpu"), torch.float32)
+        load_model(
+            ServerArgs(model_path=str(tmp_path), tokenizer_path=tiny_llama),
+            torch.device("cpu"),
+            torch.float32,
+        )
 
 
 def test_unsupported_architecture_is_named(tiny_llama, tmp_path):
@@ -37,29 +41,53 @@ def test_unsupported_architecture_is_named(tiny_llama, tmp_path):
     config["architectures"] = ["GPT2LMHeadModel"]
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="GPT2LMHeadModel"):
-        load_model(ServerArgs(model_path=str(tmp_path), tokenizer_path=tiny_llama), torch.device("cpu"), torch.float32)
+        load_model(
+            ServerArgs(model_path=str(tmp_path), tokenizer_path=tiny_llama),
+            torch.device("cpu"),
+            torch.float32,
+        )
 
 
 def test_default_model_config_is_smollm2():
     config, path, fmt = load_config(ServerArgs())
     assert fmt == "gguf" and path.endswith(".gguf")
     assert (config.architecture, config.num_layers, config.num_heads, config.num_kv_heads) == (
-        "LlamaForCausalLM", 30, 9, 3)
+        "LlamaForCausalLM",
+        30,
+        9,
+        3,
+    )
     assert config.tie_word_embeddings and config.vocab_size == 49152
 
 
 def test_hf_config_fields():
-    c = ModelConfig.from_hf_dict({
-        "architectures": ["Qwen2ForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "vocab_size": 100, "eos_token_id": [5, 6], "rope_theta": 1e6, "tie_word_embeddings": True,
-    })
+    c = ModelConfig.from_hf_dict(
+        {
+            "architectures": ["Qwen2ForCausalLM"],
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "vocab_size": 100,
+            "eos_token_id": [5, 6],
+            "rope_theta": 1e6,
+            "tie_word_embeddings": True,
+        }
+    )
     assert c.attention_bias and not c.qk_norm and c.head_dim == 16
     assert c.eos_token_ids == (5, 6) and c.rope_theta == 1e6 and c.tie_word_embeddings
 
 
-@pytest.mark.parametrize("field,value", [("dtype", "int8"), ("schedule_policy", "sjf"),
-                                         ("max_running_requests", 0), ("mem_fraction_static", 1.5)])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("dtype", "int8"),
+        ("schedule_policy", "sjf"),
+        ("max_running_requests", 0),
+        ("mem_fraction_static", 1.5),
+    ],
+)
 def test_server_args_validation_names_field(field, value):
     with pytest.raises(ValueError, match=field):
         ServerArgs(**{field: value})

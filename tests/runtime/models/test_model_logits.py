@@ -17,14 +17,20 @@ PROMPT = [1, 504, 3458, 282, 4649, 314, 7042, 30, 378, 7042, 314, 253, 1345, 28,
 
 def our_logits(model_path: str, ids: list[int], chunks: int = 1, **kw) -> torch.Tensor:
     """All-position logits, computing the prompt in ``chunks`` pieces over the paged cache."""
-    runner = ModelRunner(ServerArgs(model_path=model_path, dtype="float32", max_total_tokens=512, **kw))
+    runner = ModelRunner(
+        ServerArgs(model_path=model_path, dtype="float32", max_total_tokens=512, **kw)
+    )
     slots = torch.randperm(runner.max_total_tokens)[: len(ids)] + 1  # scattered, not contiguous
     runner.req_pool.table[0, : len(ids)] = slots
     out, bounds = [], np.linspace(0, len(ids), chunks + 1).astype(int)
     for lo, hi in zip(bounds[:-1], bounds[1:]):
         batch = ForwardBatch.build(
-            input_ids=ids[lo:hi], prefix_lens=[int(lo)], extend_lens=[int(hi - lo)], req_slots=[0],
-            out_cache_loc=slots[lo:hi], logits_indices=list(range(hi - lo)),
+            input_ids=ids[lo:hi],
+            prefix_lens=[int(lo)],
+            extend_lens=[int(hi - lo)],
+            req_slots=[0],
+            out_cache_loc=slots[lo:hi],
+            logits_indices=list(range(hi - lo)),
             req_to_token=runner.req_pool.table,
         )
         out.append(runner.forward(batch))
@@ -48,10 +54,17 @@ def test_tiny_models_match_hf_logits(tiny_model_factory, arch):
 
 
 def test_llama3_rope_scaling_matches_hf(tiny_model_factory):
-    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 8}
+    scaling = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8,
+    }
     path = tiny_model_factory("LlamaForCausalLM", rope_scaling=scaling)
-    torch.testing.assert_close(our_logits(path, PROMPT), hf_logits(path, PROMPT), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        our_logits(path, PROMPT), hf_logits(path, PROMPT), atol=1e-4, rtol=1e-4
+    )
 
 
 def write_gguf(hf_dir: str, out_path: str) -> None:
@@ -74,9 +87,17 @@ def write_gguf(hf_dir: str, out_path: str) -> None:
     w.add_layer_norm_rms_eps(c["rms_norm_eps"])
     w.add_vocab_size(c["vocab_size"])
     w.add_eos_token_id(c["eos_token_id"])
-    names = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
-             "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down",
-             "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+    names = {
+        "q_proj": "attn_q",
+        "k_proj": "attn_k",
+        "v_proj": "attn_v",
+        "o_proj": "attn_output",
+        "gate_proj": "ffn_gate",
+        "up_proj": "ffn_up",
+        "down_proj": "ffn_down",
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "ffn_norm",
+    }
     for name, t in load_file(os.path.join(hf_dir, "model.safetensors")).items():
         a = t.float().numpy()
         parts = name.split(".")
@@ -84,11 +105,18 @@ def write_gguf(hf_dir: str, out_path: str) -> None:
             kind = parts[-2]
             if kind in ("q_proj", "k_proj"):
                 heads = c["num_attention_heads"] if kind == "q_proj" else c["num_key_value_heads"]
-                a = a.reshape(heads, 2, a.shape[0] // heads // 2, *a.shape[1:]).swapaxes(1, 2).reshape(a.shape)
+                a = (
+                    a.reshape(heads, 2, a.shape[0] // heads // 2, *a.shape[1:])
+                    .swapaxes(1, 2)
+                    .reshape(a.shape)
+                )
             gname = f"blk.{parts[2]}.{names[kind]}.weight"
         else:
-            gname = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-                     "lm_head.weight": "output.weight"}[name]
+            gname = {
+                "model.embed_tokens.weight": "token_embd.weight",
+                "model.norm.weight": "output_norm.weight",
+                "lm_head.weight": "output.weight",
+            }[name]
         w.add_tensor(gname, np.ascontiguousarray(a))
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -28,14 +28,18 @@ def test_top_k_one_equals_greedy(tiny_engine):
 
 
 def test_stop_string_trimmed_and_reported(smol_engine):
-    out = smol_engine.generate("Count: 1, 2, 3,", {"max_new_tokens": 32, "temperature": 0, "stop": " 6"})
+    out = smol_engine.generate(
+        "Count: 1, 2, 3,", {"max_new_tokens": 32, "temperature": 0, "stop": " 6"}
+    )
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": " 6"}
     assert out["text"].endswith("5,") and " 6" not in out["text"]
 
 
 def test_stop_token_id_and_ignore_eos(tiny_engine):
     first = tiny_engine.generate(PROMPT, {"max_new_tokens": 8, "temperature": 0})["output_ids"]
-    out = tiny_engine.generate(PROMPT, {"max_new_tokens": 8, "temperature": 0, "stop_token_ids": [first[2]]})
+    out = tiny_engine.generate(
+        PROMPT, {"max_new_tokens": 8, "temperature": 0, "stop_token_ids": [first[2]]}
+    )
     assert out["output_ids"] == first[: first.index(first[2]) + 1]
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": first[2]}
 
@@ -45,21 +49,29 @@ def test_min_new_tokens_holds_back_eos(smol_engine):
     short = smol_engine.generate(chat, {"max_new_tokens": 64, "temperature": 0})
     n = short["meta_info"]["completion_tokens"]
     assert short["meta_info"]["finish_reason"]["type"] == "stop" and n < 40
-    longer = smol_engine.generate(chat, {"max_new_tokens": 64, "temperature": 0, "min_new_tokens": n + 5})
+    longer = smol_engine.generate(
+        chat, {"max_new_tokens": 64, "temperature": 0, "min_new_tokens": n + 5}
+    )
     assert longer["meta_info"]["completion_tokens"] >= n + 5
 
 
 def test_output_logprobs_match_prompt_logprobs(tiny_engine):
-    out = tiny_engine.generate(PROMPT, {"max_new_tokens": 6, "temperature": 0}, return_logprob=True,
-                               top_logprobs_num=3)
+    out = tiny_engine.generate(
+        PROMPT, {"max_new_tokens": 6, "temperature": 0}, return_logprob=True, top_logprobs_num=3
+    )
     meta = out["meta_info"]
     lps = meta["output_token_logprobs"]
     assert [t for _, t, _ in lps] == out["output_ids"]
     for (lp, tid, _), top in zip(lps, meta["output_top_logprobs"]):
         assert top[0][0] == pytest.approx(lp, abs=1e-5) and top[0][1] == tid  # greedy = top-1
     ids = tiny_engine.tokenizer.encode(PROMPT) + out["output_ids"][:-1]
-    again = tiny_engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 1},
-                                 return_logprob=True, logprob_start_len=0, return_text_in_logprobs=True)
+    again = tiny_engine.generate(
+        input_ids=ids,
+        sampling_params={"max_new_tokens": 1},
+        return_logprob=True,
+        logprob_start_len=0,
+        return_text_in_logprobs=True,
+    )
     prompt_lps = again["meta_info"]["input_token_logprobs"]
     assert prompt_lps[0][0] is None and len(prompt_lps) == len(ids)
     n_prompt = len(tiny_engine.tokenizer.encode(PROMPT))
@@ -67,21 +79,24 @@ def test_output_logprobs_match_prompt_logprobs(tiny_engine):
         assert tid == tid2 and lp == pytest.approx(lp2, abs=1e-4) and isinstance(text, str)
 
 
-@pytest.mark.parametrize("params,field", [
-    ({"temperature": -1}, "temperature"),
-    ({"top_p": 0}, "top_p"),
-    ({"top_p": 1.5}, "top_p"),
-    ({"top_k": -3}, "top_k"),
-    ({"min_p": 2}, "min_p"),
-    ({"max_new_tokens": -1}, "max_new_tokens"),
-    ({"frequency_penalty": 3}, "frequency_penalty"),
-    ({"presence_penalty": -2.5}, "presence_penalty"),
-    ({"repetition_penalty": 0}, "repetition_penalty"),
-    ({"stop": [""]}, "stop"),
-    ({"min_new_tokens": 10, "max_new_tokens": 5}, "min_new_tokens"),
-    ({"no_such_param": 1}, "no_such_param"),
-    ({"regex": "a", "json_schema": {}}, "only one of"),
-])
+@pytest.mark.parametrize(
+    "params,field",
+    [
+        ({"temperature": -1}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_k": -3}, "top_k"),
+        ({"min_p": 2}, "min_p"),
+        ({"max_new_tokens": -1}, "max_new_tokens"),
+        ({"frequency_penalty": 3}, "frequency_penalty"),
+        ({"presence_penalty": -2.5}, "presence_penalty"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"stop": [""]}, "stop"),
+        ({"min_new_tokens": 10, "max_new_tokens": 5}, "min_new_tokens"),
+        ({"no_such_param": 1}, "no_such_param"),
+        ({"regex": "a", "json_schema": {}}, "only one of"),
+    ],
+)
 def test_invalid_parameters_raise_value_error(tiny_engine, params, field):
     with pytest.raises(ValueError, match=field):
         tiny_engine.generate(PROMPT, params)

@@ -12,7 +12,9 @@ from radixlm.runtime.sampling.sampler import SampleRow, filtered_probs, sample
 def test_frequency_and_presence_penalties():
     logits = torch.zeros(1, 5)
     counts = penalties.token_counts([[1, 1, 3]], 5, torch.device("cpu"))
-    out = penalties.apply_frequency_presence(logits, counts, torch.tensor([0.5]), torch.tensor([0.25]))
+    out = penalties.apply_frequency_presence(
+        logits, counts, torch.tensor([0.5]), torch.tensor([0.25])
+    )
     assert out.tolist() == [[0.0, -1.25, 0.0, -0.75, 0.0]]
 
 
@@ -25,8 +27,10 @@ def test_repetition_penalty_divides_positive_multiplies_negative():
 
 def test_top_k_top_p_min_p_filters():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+
     def kept(**kw):
         return (filtered_probs(logits.clone(), [SamplingParams(**kw)]) > 0).tolist()[0]
+
     assert kept(top_k=2) == [True, True, False, False]
     assert kept(top_p=0.7) == [True, True, False, False]
     assert kept(top_p=0.85) == [True, True, True, False]

@@ -1,4 +1,4 @@
-"""The scheduler in-process: outputs do not depend on caching, chunking, memory pressure or policy."""
+"""The scheduler in-process: outputs do not depend on caching, chunking, memory or policy."""
 
 from __future__ import annotations
 
@@ -25,7 +25,9 @@ def make_requests(n: int = 12, seed: int = 0) -> list[GenerateReq]:
     return reqs
 
 
-def run(scheduler: Scheduler, reqs: list[GenerateReq], max_steps: int = 5000) -> dict[str, list[int]]:
+def run(
+    scheduler: Scheduler, reqs: list[GenerateReq], max_steps: int = 5000
+) -> dict[str, list[int]]:
     outs: dict[str, list[int]] = {}
     finished: dict[str, dict] = {}
     for r in reqs:
@@ -44,23 +46,30 @@ def run(scheduler: Scheduler, reqs: list[GenerateReq], max_steps: int = 5000) ->
 
 
 def make_scheduler(model: str, **kw) -> Scheduler:
-    return Scheduler(ServerArgs(model_path=model, dtype="float32", **{"max_total_tokens": 4096, **kw}))
+    return Scheduler(
+        ServerArgs(model_path=model, dtype="float32", **{"max_total_tokens": 4096, **kw})
+    )
 
 
 @pytest.fixture(scope="module")
 def reference(tiny_llama) -> dict[str, list[int]]:
-    return run(make_scheduler(tiny_llama, disable_radix_cache=True, chunked_prefill_size=None),
-               make_requests())
+    return run(
+        make_scheduler(tiny_llama, disable_radix_cache=True, chunked_prefill_size=None),
+        make_requests(),
+    )
 
 
-@pytest.mark.parametrize("kw", [
-    dict(),
-    dict(chunked_prefill_size=16),
-    dict(chunked_prefill_size=64),
-    dict(chunked_prefill_size=None),
-    dict(disable_radix_cache=True, chunked_prefill_size=16),
-    dict(page_size=4),
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(),
+        dict(chunked_prefill_size=16),
+        dict(chunked_prefill_size=64),
+        dict(chunked_prefill_size=None),
+        dict(disable_radix_cache=True, chunked_prefill_size=16),
+        dict(page_size=4),
+    ],
+)
 def test_outputs_independent_of_cache_and_chunking(tiny_llama, reference, kw):
     assert run(make_scheduler(tiny_llama, **kw), make_requests()) == reference
 
@@ -72,7 +81,9 @@ def test_outputs_independent_of_policy(tiny_llama, reference, policy):
 
 def test_small_pool_forces_eviction_and_retraction(tiny_llama, reference):
     scheduler = make_scheduler(tiny_llama, max_total_tokens=260, chunked_prefill_size=32)
-    run(scheduler, [GenerateReq(rid="warm", input_ids=SHARED + [7], sampling={"max_new_tokens": 1})])
+    run(
+        scheduler, [GenerateReq(rid="warm", input_ids=SHARED + [7], sampling={"max_new_tokens": 1})]
+    )
     assert run(scheduler, make_requests()) == reference
     assert scheduler.stats.retractions > 0
 
@@ -80,8 +91,14 @@ def test_small_pool_forces_eviction_and_retraction(tiny_llama, reference):
 def test_shared_prefix_is_computed_once(tiny_llama):
     scheduler = make_scheduler(tiny_llama, max_total_tokens=16384)
     prefix = [(7 * i) % 30000 + 100 for i in range(800)]
-    reqs = [GenerateReq(rid=f"q{i}", input_ids=prefix + [200 + i, 300 + i, 400 + i],
-                        sampling={"max_new_tokens": 2, "temperature": 0}) for i in range(32)]
+    reqs = [
+        GenerateReq(
+            rid=f"q{i}",
+            input_ids=prefix + [200 + i, 300 + i, 400 + i],
+            sampling={"max_new_tokens": 2, "temperature": 0},
+        )
+        for i in range(32)
+    ]
     cached: dict[str, int] = {}
     for r in reqs:
         scheduler.handle(r)
@@ -105,15 +122,21 @@ def test_prefill_only_request_caches_prompt(tiny_llama):
 def test_stress_random_lengths_and_aborts(tiny_llama):
     """200 requests on a small pool, a fifth aborted at random moments: all end, nothing leaks."""
     rng = random.Random(7)
-    scheduler = make_scheduler(tiny_llama, max_total_tokens=700, chunked_prefill_size=48,
-                               max_running_requests=24)
-    reqs = [GenerateReq(rid=f"s{i}", input_ids=[rng.randrange(100, 40000) for _ in range(rng.randint(1, 150))],
-                        sampling={"max_new_tokens": rng.randint(1, 40), "temperature": 1.0})
-            for i in range(200)]
+    scheduler = make_scheduler(
+        tiny_llama, max_total_tokens=700, chunked_prefill_size=48, max_running_requests=24
+    )
+    reqs = [
+        GenerateReq(
+            rid=f"s{i}",
+            input_ids=[rng.randrange(100, 40000) for _ in range(rng.randint(1, 150))],
+            sampling={"max_new_tokens": rng.randint(1, 40), "temperature": 1.0},
+        )
+        for i in range(200)
+    ]
     to_abort = set(rng.sample([r.rid for r in reqs], 40))
     done: dict[str, dict] = {}
     pending = list(reqs)
-    for step in range(20000):
+    for _ in range(20000):
         while pending and rng.random() < 0.5:
             scheduler.handle(pending.pop(0))
         if to_abort and rng.random() < 0.1:

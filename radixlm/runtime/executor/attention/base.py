@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -44,7 +44,7 @@ class AttentionBackend(ABC):
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch: ForwardBatch
     ) -> torch.Tensor:
-        """q ``[T, num_heads, head_dim]``, k/v ``[T, num_kv_heads, head_dim]`` -> ``[T, num_heads, head_dim]``."""
+        """q ``[T, heads, head_dim]``, k/v ``[T, kv_heads, head_dim]`` -> ``[T, heads, head_dim]``."""
 
 
 def create_attention_backend(name: str, **kwargs) -> AttentionBackend:
@@ -54,5 +54,7 @@ def create_attention_backend(name: str, **kwargs) -> AttentionBackend:
     if name == "triton":
         from radixlm.runtime.executor.attention import triton_backend  # noqa: F401
     if name not in ATTENTION_BACKENDS:
-        raise ValueError(f"attention_backend must be one of {sorted(ATTENTION_BACKENDS)}, got {name!r}")
+        raise ValueError(
+            f"attention_backend must be one of {sorted(ATTENTION_BACKENDS)}, got {name!r}"
+        )
     return ATTENTION_BACKENDS[name](**kwargs)

@@ -45,11 +45,15 @@ class TorchAttentionBackend(AttentionBackend):
         ext_t = batch.extend_lens[rows_t]
         q_pos = (seq_t - ext_t)[:, None] + torch.arange(max_e, device=device)[None, :]
         keys = torch.arange(max_l, device=device)
-        mask = (keys[None, None, :] <= q_pos[:, :, None]) & (keys[None, None, :] < seq_t[:, None, None])
+        mask = (keys[None, None, :] <= q_pos[:, :, None]) & (
+            keys[None, None, :] < seq_t[:, None, None]
+        )
         token_idx = None
         if not whole:
             starts = torch.cumsum(batch.extend_lens, 0) - batch.extend_lens
-            token_idx = torch.cat([torch.arange(s, s + e) for s, e in zip(starts[rows_t].tolist(), ext)])
+            token_idx = torch.cat(
+                [torch.arange(s, s + e) for s, e in zip(starts[rows_t].tolist(), ext)]
+            )
             token_idx = token_idx.to(device)
         pad_idx = None
         if any(e != max_e for e in ext):
@@ -79,7 +83,11 @@ class TorchAttentionBackend(AttentionBackend):
             q = padded
         qp = q.view(g.num_reqs, g.max_extend, *q.shape[1:]).transpose(1, 2)  # [B, H, E, D]
         out = F.scaled_dot_product_attention(
-            qp.to(k.dtype), k, v, attn_mask=g.mask, scale=self.scale,
+            qp.to(k.dtype),
+            k,
+            v,
+            attn_mask=g.mask,
+            scale=self.scale,
             enable_gqa=self.num_heads != self.num_kv_heads,
         )
         out = out.transpose(1, 2).reshape(-1, *q.shape[1:]).to(q.dtype)
