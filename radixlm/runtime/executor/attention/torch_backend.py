@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from radixlm.runtime.executor.attention.base import AttentionBackend, register_attention_backend
 from radixlm.runtime.executor.forward_batch import ForwardBatch
@@ -74,21 +73,32 @@ class TorchAttentionBackend(AttentionBackend):
         return out
 
     def _attend(self, q: torch.Tensor, layer: int, g: _Group) -> torch.Tensor:
-        k_buf, v_buf = self.kv_pool.k[layer], self.kv_pool.v[layer]
-        k = k_buf[g.kv_index].transpose(1, 2)  # [B, Hkv, L, D]
-        v = v_buf[g.kv_index].transpose(1, 2)
+        k = self.kv_pool.k[layer][g.kv_index]  # [B, L, Hkv, D]
+        v = self.kv_pool.v[layer][g.kv_index]
         if g.pad_idx is not None:
             padded = q.new_zeros(g.num_reqs * g.max_extend, *q.shape[1:])
             padded[g.pad_idx] = q
             q = padded
-        qp = q.view(g.num_reqs, g.max_extend, *q.shape[1:]).transpose(1, 2)  # [B, H, E, D]
-        out = F.scaled_dot_product_attention(
-            qp.to(k.dtype),
-            k,
-            v,
-            attn_mask=g.mask,
-            scale=self.scale,
-            enable_gqa=self.num_heads != self.num_kv_heads,
-        )
-        out = out.transpose(1, 2).reshape(-1, *q.shape[1:]).to(q.dtype)
+        q = q.view(g.num_reqs, g.max_extend, *q.shape[1:])
+        out = grouped_attention(q.to(k.dtype), k, v, g.mask[:, 0], self.scale).to(q.dtype)
+        out = out.reshape(-1, *q.shape[2:])
         return out if g.pad_idx is None else out[g.pad_idx]
+
+
+def grouped_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Attention with grouped KV heads and no KV repeat: two batched matmuls per call.
+
+    q ``[B, E, H, D]``, k/v ``[B, L, Hkv, D]``, mask ``[B, E, L]`` (True = attend) ->
+    ``[B, E, H, D]``. Scores and softmax are float32.
+    """
+    b, e, h, d = q.shape
+    hkv = k.shape[2]
+    g = h // hkv
+    q = q.view(b, e, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(b, hkv, g * e, d)
+    scores = torch.matmul(q, k.permute(0, 2, 3, 1)).float().mul_(scale)  # [B, Hkv, G*E, L]
+    scores = scores.view(b, hkv, g, e, -1).masked_fill_(~mask[:, None, None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(v.dtype).view(b, hkv, g * e, -1)
+    out = torch.matmul(probs, v.transpose(1, 2))  # [B, Hkv, G*E, D]
+    return out.view(b, hkv, g, e, d).permute(0, 3, 1, 2, 4).reshape(b, e, h, d)

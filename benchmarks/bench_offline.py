@@ -1,0 +1,97 @@
+"""Offline decode speed: the Engine (bf16, fp32) against Hugging Face ``generate()`` (fp32, bf16).
+
+Single-stream decode tok/s and batch-32 aggregate throughput on the embedded SmolLM2.
+Run: ``.venv/bin/python benchmarks/bench_offline.py [--new-tokens 128] [--batch 32]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+from common import bar_chart, log, save  # noqa: E402
+
+PROMPT = "Write a long story about a robot who learns to paint."
+
+
+def engine_runs(dtype: str, new_tokens: int, batch: int) -> dict[str, float]:
+    from radixlm import Engine
+
+    with Engine(dtype=dtype, max_total_tokens=16384) as engine:
+        p = {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}
+        engine.generate(PROMPT, {**p, "max_new_tokens": 4})  # warm-up
+        engine.flush_cache()
+        start = time.perf_counter()
+        one = engine.generate(PROMPT, p)
+        single = one["meta_info"]["completion_tokens"] / (time.perf_counter() - start)
+        prompts = [f"{PROMPT} Variation {i}." for i in range(batch)]
+        start = time.perf_counter()
+        outs = engine.generate(prompts, p)
+        total = sum(o["meta_info"]["completion_tokens"] for o in outs)
+        batched = total / (time.perf_counter() - start)
+    return {"single_tok_s": single, f"batch{batch}_tok_s": batched}
+
+
+def hf_single(dtype: torch.dtype, new_tokens: int) -> float:
+    from transformers import AutoModelForCausalLM
+
+    from radixlm.runtime.loader.gguf_loader import gguf_tokenizer
+    from radixlm.runtime.loader.loader import default_model_path
+
+    path = default_model_path()
+    tok = gguf_tokenizer(path)
+    model = AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=dtype
+    ).eval()
+    ids = torch.tensor([tok.encode(PROMPT)])
+    with torch.no_grad():
+        model.generate(ids, max_new_tokens=4, do_sample=False)
+        start = time.perf_counter()
+        out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                             do_sample=False)
+        elapsed = time.perf_counter() - start
+    return (out.shape[1] - ids.shape[1]) / elapsed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=32)
+    args = ap.parse_args()
+    results: dict[str, dict] = {}
+    for dtype in ("bfloat16", "float32"):
+        log(f"radixlm {dtype}")
+        results[f"radixlm_{dtype}"] = engine_runs(dtype, args.new_tokens, args.batch)
+    for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        log(f"HF generate {name}")
+        results[f"hf_{name}"] = {"single_tok_s": hf_single(dtype, args.new_tokens)}
+    hf = results["hf_float32"]["single_tok_s"]
+    best = max(results[k]["single_tok_s"] for k in results if k.startswith("radixlm"))
+    batch_key = f"batch{args.batch}_tok_s"
+    best_batch = max(results[k][batch_key] for k in results if k.startswith("radixlm"))
+    ratios = {
+        "single_vs_hf_fp32": best / hf,
+        "single_vs_best_hf": best / max(r["single_tok_s"] for k, r in results.items() if "hf" in k),
+        f"batch{args.batch}_vs_hf_single": best_batch / hf,
+    }
+    save("bench_offline", {"args": vars(args), "results": results, "ratios": ratios})
+    labels, values = [], []
+    for k, r in results.items():
+        for metric, v in r.items():
+            labels.append(f"{k} {metric.replace('_tok_s', '')}")
+            values.append(v)
+    bar_chart("bench_offline", labels, values, "tokens / s", "Offline decode, SmolLM2-135M, CPU")
+    print(
+        f"bench_offline: single {best:.1f} tok/s ({ratios['single_vs_hf_fp32']:.2f}x HF fp32), "
+        f"batch-{args.batch} {best_batch:.1f} tok/s ({ratios[f'batch{args.batch}_vs_hf_single']:.2f}x "
+        f"HF single)"
+    )
+
+
+if __name__ == "__main__":
+    main()

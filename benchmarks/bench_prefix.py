@@ -1,0 +1,121 @@
+"""The workload radixlm exists for: a shared few-shot prefix (~800 tokens) and many questions.
+
+radixlm with the radix cache, radixlm without it, Hugging Face ``generate()`` batched (fp32),
+and llama.cpp (``llama-cpp-python``, same GGUF, its prompt cache) when installed; all greedy,
+8 new tokens. Run: ``.venv/bin/python benchmarks/bench_prefix.py [--sizes 32 128]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from common import bar_chart, log, save  # noqa: E402
+from prefix_workload import prompts  # noqa: E402
+
+NEW_TOKENS = 8
+
+
+def run_radixlm(batch: list[str], **options) -> dict:
+    from radixlm import Engine
+
+    with Engine(max_total_tokens=65536, **options) as engine:
+        engine.generate("warm up", {"max_new_tokens": 2})
+        engine.flush_cache()
+        start = time.perf_counter()
+        outs = engine.generate(batch, {"max_new_tokens": NEW_TOKENS, "temperature": 0})
+        elapsed = time.perf_counter() - start
+        stats = engine.get_server_info()["stats"]
+    cached = sum(o["meta_info"]["cached_tokens"] for o in outs)
+    prompt = sum(o["meta_info"]["prompt_tokens"] for o in outs)
+    return {"seconds": elapsed, "req_s": len(batch) / elapsed, "hit_rate": cached / prompt,
+            "scheduler_hit_rate": stats["cache_hit_rate"], "answers": [o["text"] for o in outs[:3]]}
+
+
+def run_hf(batch: list[str], batch_size: int = 16) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from radixlm.runtime.loader.gguf_loader import gguf_tokenizer
+    from radixlm.runtime.loader.loader import default_model_path
+
+    path = default_model_path()
+    tok = gguf_tokenizer(path)
+    tok.padding_side = "left"
+    tok.pad_token = tok.pad_token or tok.eos_token
+    model = AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32
+    ).eval()
+    start = time.perf_counter()
+    texts = []
+    with torch.no_grad():
+        for i in range(0, len(batch), batch_size):
+            enc = tok(batch[i : i + batch_size], return_tensors="pt", padding=True)
+            out = model.generate(**enc, max_new_tokens=NEW_TOKENS, do_sample=False,
+                                 pad_token_id=tok.pad_token_id)
+            texts += tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    elapsed = time.perf_counter() - start
+    return {"seconds": elapsed, "req_s": len(batch) / elapsed, "answers": texts[:3]}
+
+
+def run_llamacpp(batch: list[str]) -> dict | None:
+    try:
+        from llama_cpp import Llama, LlamaRAMCache
+    except ImportError:
+        return None
+    from radixlm.runtime.loader.loader import default_model_path
+
+    llm = Llama(model_path=default_model_path(), n_ctx=2048, n_threads=os.cpu_count(),
+                verbose=False)
+    llm.set_cache(LlamaRAMCache(capacity_bytes=2 << 30))
+    start = time.perf_counter()
+    texts = [llm(p, max_tokens=NEW_TOKENS, temperature=0.0)["choices"][0]["text"] for p in batch]
+    elapsed = time.perf_counter() - start
+    return {"seconds": elapsed, "req_s": len(batch) / elapsed, "answers": texts[:3]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[32, 128])
+    ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--skip-llamacpp", action="store_true")
+    args = ap.parse_args()
+    results: dict[str, dict] = {}
+    for n in args.sizes:
+        batch = prompts(n)
+        runs = {
+            "radixlm": lambda b=batch: run_radixlm(b),
+            "radixlm_no_radix": lambda b=batch: run_radixlm(b, disable_radix_cache=True),
+            "hf_generate_fp32": None if args.skip_hf else (lambda b=batch: run_hf(b)),
+            "llama_cpp": None if args.skip_llamacpp else (lambda b=batch: run_llamacpp(b)),
+        }
+        for name, fn in runs.items():
+            if fn is None:
+                continue
+            log(f"{name}, {n} questions")
+            result = fn()
+            if result is not None:
+                results[f"{name}@{n}"] = result
+                log(f"  {result['req_s']:.2f} req/s")
+    ratios = {}
+    for n in args.sizes:
+        ours = results[f"radixlm@{n}"]["req_s"]
+        for other in ("radixlm_no_radix", "hf_generate_fp32", "llama_cpp"):
+            if f"{other}@{n}" in results:
+                ratios[f"vs_{other}@{n}"] = ours / results[f"{other}@{n}"]["req_s"]
+    save("bench_prefix", {"args": vars(args), "results": results, "ratios": ratios})
+    bar_chart("bench_prefix", list(results), [r["req_s"] for r in results.values()],
+              "requests / s", "Shared ~800-token few-shot prefix, 8 new tokens, CPU")
+    n = max(args.sizes)
+    parts = [f"radixlm {results[f'radixlm@{n}']['req_s']:.2f} req/s",
+             f"hit rate {results[f'radixlm@{n}']['hit_rate']:.1%}"]
+    parts += [f"{k.removeprefix('vs_')} x{v:.1f}" for k, v in ratios.items() if k.endswith(f"@{n}")]
+    print("bench_prefix (@%d): " % n + ", ".join(parts))
+
+
+if __name__ == "__main__":
+    main()
