@@ -1,7 +1,9 @@
-"""Start the scheduler and detokenizer processes and watch them."""
+"""Start the scheduler (tensor-parallel rank 0), the other ranks and the detokenizer, and watch
+them."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -14,12 +16,13 @@ from dataclasses import dataclass
 
 from radixlm.runtime import ipc
 from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.distributed.parallel import RankInfo, file_init_method
+from radixlm.runtime.distributed.shard import check_tp_size
 from radixlm.runtime.loader.loader import load_config
 
 logger = logging.getLogger(__name__)
 
 STARTUP_TIMEOUT_S = 600.0
-ROLES = ("scheduler", "detokenizer")
 
 
 @dataclass
@@ -48,32 +51,27 @@ class Backend:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(1.0)
+        with contextlib.suppress(OSError):
+            os.unlink(file_init_method(private_dir(self.ports)).removeprefix("file://"))
         self.ports.cleanup()
 
 
-def launch(args: ServerArgs) -> Backend:
-    """Start the processes and wait until the model is loaded. Bad paths, formats or
-    architectures raise here, in the caller's process, before anything is spawned."""
-    load_config(args)
+def launch(args: ServerArgs, gpu_offset: int = 0) -> Backend:
+    """Start the processes and wait until the model is loaded. Bad paths, formats, architectures
+    or tensor-parallel sizes raise here, in the caller's process, before anything is spawned.
+
+    ``gpu_offset``: the first GPU of this replica (rank r uses GPU ``gpu_offset + r``)."""
+    config, _, _ = load_config(args)
+    check_tp_size(config, args.tp_size)
     ports = ipc.PortArgs.new()
-    config = json.dumps({"args": dataclasses.asdict(args), "ports": dataclasses.asdict(ports)})
+    init = file_init_method(private_dir(ports))
     procs, pipes = {}, {}
-    for role in ROLES:
-        read_fd, write_fd = os.pipe()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "radixlm.runtime.worker", role, str(write_fd)],
-            stdin=subprocess.PIPE,
-            pass_fds=(write_fd,),
-            start_new_session=False,
-        )
-        os.close(write_fd)
-        proc.stdin.write(config.encode())
-        proc.stdin.close()
-        procs[role], pipes[role] = proc, read_fd
+    for name, role, rank in _processes(args, init, gpu_offset):
+        payload = {"args": dataclasses.asdict(args), "ports": dataclasses.asdict(ports)}
+        procs[name], pipes[name] = _spawn(role, {**payload, "rank": rank.to_dict()})
     backend = Backend(args, ports, procs, {})
     try:
-        for role, fd in pipes.items():
-            backend.info.update(_wait_ready(role, fd, procs[role]))
+        backend.info.update(_wait_ready(pipes, procs))
     except BaseException:
         backend.shutdown()
         raise
@@ -83,24 +81,61 @@ def launch(args: ServerArgs) -> Backend:
     return backend
 
 
-def _wait_ready(name: str, fd: int, proc: subprocess.Popen) -> dict:
+def private_dir(ports: ipc.PortArgs) -> str:
+    """The runtime's private temporary directory (where the ``ipc://`` sockets live)."""
+    return os.path.dirname(ports.scheduler.removeprefix("ipc://"))
+
+
+def _processes(args: ServerArgs, init: str, gpu_offset: int):
+    """(name, role, rank) of each child: rank 0 schedules, ranks > 0 follow it."""
+    tp = args.tp_size
+    yield "scheduler", "scheduler", RankInfo(0, tp, gpu_offset, init)
+    for r in range(1, tp):
+        yield f"tp rank {r}", "tp_worker", RankInfo(r, tp, gpu_offset + r, init)
+    yield "detokenizer", "detokenizer", RankInfo()
+
+
+def _spawn(role: str, config: dict) -> tuple[subprocess.Popen, int]:
+    read_fd, write_fd = os.pipe()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "radixlm.runtime.worker", role, str(write_fd)],
+        stdin=subprocess.PIPE,
+        pass_fds=(write_fd,),
+        start_new_session=False,
+    )
+    os.close(write_fd)
+    proc.stdin.write(json.dumps(config).encode())
+    proc.stdin.close()
+    return proc, read_fd
+
+
+def _wait_ready(pipes: dict[str, int], procs: dict[str, subprocess.Popen]) -> dict:
+    """Wait for every child's ready line; the first one that fails raises (the ranks of a
+    tensor-parallel group would otherwise wait for each other forever)."""
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    data = b""
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([fd], [], [], 0.2)
-        if ready:
-            chunk = os.read(fd, 65536)
-            data += chunk
-            if data.endswith(b"\n") or not chunk:
-                break
-        elif proc.poll() is not None:
-            break
-    if not data:
-        if proc.poll() is not None:
-            raise RuntimeError(
-                f"the {name} process died while starting (exit code {proc.returncode})"
+    data = {name: b"" for name in pipes}
+    info: dict = {}
+    while pending := [n for n in pipes if not data[n].endswith(b"\n")]:
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"the {pending[0]} process did not start within {STARTUP_TIMEOUT_S:.0f} s"
             )
-        raise TimeoutError(f"the {name} process did not start within {STARTUP_TIMEOUT_S:.0f} s")
+        ready, _, _ = select.select([pipes[n] for n in pending], [], [], 0.2)
+        for name in pending:
+            chunk = os.read(pipes[name], 65536) if pipes[name] in ready else None
+            data[name] += chunk or b""
+            if chunk == b"" or (chunk is None and procs[name].poll() is not None):
+                info.update(_parse_ready(name, data[name], procs[name]))
+                data[name] += b"\n"
+            elif data[name].endswith(b"\n"):
+                info.update(_parse_ready(name, data[name], procs[name]))
+    return info
+
+
+def _parse_ready(name: str, data: bytes, proc: subprocess.Popen) -> dict:
+    if not data.strip():
+        proc.wait(1.0)
+        raise RuntimeError(f"the {name} process died while starting (exit code {proc.returncode})")
     msg = json.loads(data)
     if not msg.pop("ok"):
         raise RuntimeError(f"the {name} process failed to start: {msg['error']}")

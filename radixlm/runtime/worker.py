@@ -1,6 +1,8 @@
 """Entry point of the child processes: ``python -m radixlm.runtime.worker ROLE READY_FD``.
 
-The configuration arrives as JSON on stdin; readiness goes back as one JSON line on READY_FD.
+Roles: ``scheduler`` (tensor-parallel rank 0), ``tp_worker`` (ranks > 0), ``detokenizer``.
+The configuration (server args, ports, the process's rank) arrives as JSON on stdin; readiness
+goes back as one JSON line on READY_FD.
 Children are started with subprocess rather than multiprocessing's spawn, so that a user's
 script without an ``if __name__ == "__main__"`` guard is never re-run in them.
 """
@@ -12,6 +14,7 @@ import os
 import sys
 
 from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.distributed.parallel import RankInfo
 from radixlm.runtime.ipc import PortArgs
 
 
@@ -28,13 +31,21 @@ def main() -> None:
     role, fd = sys.argv[1], int(sys.argv[2])
     config = json.loads(sys.stdin.read())
     args, ports = ServerArgs(**config["args"]), PortArgs(**config["ports"])
+    rank = RankInfo(**config.get("rank", {}))
     if role == "scheduler":
-        from radixlm.runtime.scheduler.process import run_scheduler_process as run
+        from radixlm.runtime.scheduler.process import run_scheduler_process
+
+        run_scheduler_process(args, ports, ReadyPipe(fd), rank)
+    elif role == "tp_worker":
+        from radixlm.runtime.distributed.tp_worker import run_tp_worker_process
+
+        run_tp_worker_process(args, rank, ReadyPipe(fd))
     elif role == "detokenizer":
-        from radixlm.runtime.detokenizer import run_detokenizer_process as run
+        from radixlm.runtime.detokenizer import run_detokenizer_process
+
+        run_detokenizer_process(args, ports, ReadyPipe(fd))
     else:
         raise SystemExit(f"unknown role {role!r}")
-    run(args, ports, ReadyPipe(fd))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,9 @@ import logging
 import torch
 
 from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.distributed.batch_sync import broadcast_batch, broadcast_stop
+from radixlm.runtime.distributed.parallel import RankInfo, init_tp_group, resolve_device
+from radixlm.runtime.distributed.shard import local_heads, shard_model
 from radixlm.runtime.executor.attention.base import create_attention_backend
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.loader.loader import load_model, resolve_dtype
@@ -19,17 +22,25 @@ CPU_KV_RAM_FRACTION = 0.2
 
 
 class ModelRunner:
-    def __init__(self, args: ServerArgs) -> None:
-        self.device = _resolve_device(args.device)
+    """Owns one rank's model, KV pool and attention backend.
+
+    ``rank`` places a tensor-parallel rank: its model is sharded and its KV pool holds only
+    its KV heads; rank 0's ``forward`` first hands the batch to the other ranks."""
+
+    def __init__(self, args: ServerArgs, rank: RankInfo | None = None) -> None:
+        rank = rank or RankInfo()
+        self.device = resolve_device(args.device, rank.gpu_id)
         self.dtype = resolve_dtype(args.dtype, self.device)
-        loaded = load_model(args, self.device, self.dtype)
-        self.model, self.config, self.tokenizer = loaded.model, loaded.config, loaded.tokenizer
-        self.model_path = loaded.model_path
+        self.tp = init_tp_group(rank, self.device) if rank.tp_size > 1 else None
+        self._load(args)
         c = self.config
-        self.max_total_tokens = self._kv_size(args)
+        num_heads, num_kv_heads = local_heads(c, rank.tp_size)
+        self.max_total_tokens = self._kv_size(args, num_kv_heads)
+        if self.tp is not None:
+            self.max_total_tokens = self.tp.min_int(self.max_total_tokens)
         self.context_len = min(c.context_length, self.max_total_tokens)
         self.kv_pool = KVPool(
-            self.max_total_tokens, c.num_layers, c.num_kv_heads, c.head_dim, self.dtype, self.device
+            self.max_total_tokens, c.num_layers, num_kv_heads, c.head_dim, self.dtype, self.device
         )
         self.req_pool = ReqToTokenPool(args.max_running_requests, self.context_len + 1, self.device)
         backend = args.attention_backend or ("triton" if self.device.type == "cuda" else "torch")
@@ -37,34 +48,44 @@ class ModelRunner:
         self.backend = create_attention_backend(
             backend,
             kv_pool=self.kv_pool,
-            num_heads=c.num_heads,
-            num_kv_heads=c.num_kv_heads,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
             head_dim=c.head_dim,
         )
+
+    def _load(self, args: ServerArgs) -> None:
+        loaded = load_model(args, torch.device("cpu") if self.tp else self.device, self.dtype)
+        self.model, self.config, self.tokenizer = loaded.model, loaded.config, loaded.tokenizer
+        self.model_path = loaded.model_path
+        if self.tp is not None:
+            self.model = shard_model(self.model, self.tp).to(self.device)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Logits ``[len(batch.logits_indices), vocab]`` in float32."""
+        if self.tp is not None and self.tp.is_driver:
+            broadcast_batch(self.tp, batch)
         self.backend.prepare(batch)
         return self.model(batch, self.backend)
 
-    def _kv_size(self, args: ServerArgs) -> int:
+    def close(self) -> None:
+        """Release the other ranks (from rank 0) and leave the process group."""
+        if self.tp is not None:
+            if self.tp.is_driver:
+                broadcast_stop(self.tp)
+            self.tp.destroy()
+
+    def _kv_size(self, args: ServerArgs, num_kv_heads: int) -> int:
         if args.max_total_tokens:
             return args.max_total_tokens
         c = self.config
-        per_token = KVPool.bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim, self.dtype)
+        per_token = KVPool.bytes_per_token(c.num_layers, num_kv_heads, c.head_dim, self.dtype)
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
             total = torch.cuda.get_device_properties(self.device).total_memory
             budget = free - total * (1 - args.mem_fraction_static)
             return max(int(budget // per_token), 1024)
         return min(int(_available_ram() * CPU_KV_RAM_FRACTION // per_token), CPU_DEFAULT_MAX_TOKENS)
-
-
-def _resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def _available_ram() -> int:

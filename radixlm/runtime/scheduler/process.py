@@ -12,21 +12,26 @@ import zmq
 
 from radixlm.runtime import ipc
 from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.distributed.parallel import RankInfo
+from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.messages import Batch
 from radixlm.runtime.scheduler.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 
 
-def run_scheduler_process(args: ServerArgs, ports: ipc.PortArgs, ready_pipe) -> None:
-    """Entry point of the scheduler process. Reports ``{"ok", ...info}`` on ``ready_pipe``."""
+def run_scheduler_process(
+    args: ServerArgs, ports: ipc.PortArgs, ready_pipe, rank: RankInfo | None = None
+) -> None:
+    """Entry point of the scheduler process (tensor-parallel rank 0). Reports
+    ``{"ok", ...info}`` on ``ready_pipe``."""
     logging.basicConfig(
         level=args.log_level.upper(), format="[scheduler] %(levelname)s %(message)s"
     )
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     parent = os.getppid()
     try:
-        scheduler = Scheduler(args)
+        scheduler = Scheduler(args, ModelRunner(args, rank))
         ctx = zmq.Context()
         inbox = ipc.pull(ctx, ports.scheduler)
         outbox = ipc.push(ctx, ports.detokenizer)
@@ -37,6 +42,7 @@ def run_scheduler_process(args: ServerArgs, ports: ipc.PortArgs, ready_pipe) -> 
         return
     ready_pipe.send({"ok": True, **model_info(scheduler)})
     _loop(scheduler, inbox, outbox, args, parent)
+    scheduler.runner.close()
 
 
 def model_info(scheduler: Scheduler) -> dict:

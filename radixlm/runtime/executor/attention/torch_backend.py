@@ -1,7 +1,10 @@
-"""Reference attention backend: gathers each request's KV and runs torch SDPA, padded per group.
+"""Reference attention backend (CPU default): gathers each request's KV and attends with matmuls.
 
-Decode rows (one new token) and extend rows (several) form separate groups so that a long
-prefill chunk does not pad every decode row to its length.
+Decode rows (one new token) and extend rows (several) form separate groups, so a long prefill
+chunk does not pad every decode row to its length. When every request of a group starts with the
+same KV slots (a shared few-shot header, a system prompt, forked branches), that shared part is
+attended once for all of the group's queries and merged with each request's own suffix by
+log-sum-exp ("cascade" attention): the shared KV is read once, not once per request.
 """
 
 from __future__ import annotations
@@ -13,15 +16,19 @@ import torch
 from radixlm.runtime.executor.attention.base import AttentionBackend, register_attention_backend
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 
+# NOTE: below this many shared slots the extra merge costs more than the gathers it saves.
+MIN_SHARED_PREFIX = 64
+
 
 @dataclass
 class _Group:
     token_idx: torch.Tensor | None  # [T_g] rows of the batch's tokens; None = all, in order
-    kv_index: torch.Tensor  # [B_g, L] KV slots per request (padded)
+    kv_index: torch.Tensor  # [B_g, L] KV slots of each request after the shared part (padded)
     pad_idx: torch.Tensor | None  # [T_g] row in the padded [B_g * E] query; None = no padding
-    mask: torch.Tensor  # [B_g, 1, E, L] bool
+    mask: torch.Tensor  # [B_g, E, L] bool, True = attend
     num_reqs: int
     max_extend: int
+    shared: torch.Tensor | None  # [P] KV slots every request of the group starts with
 
 
 @register_attention_backend("torch")
@@ -40,25 +47,25 @@ class TorchAttentionBackend(AttentionBackend):
         n, max_e, max_l = len(rows), max(ext), max(seq)
         rows_t = torch.tensor(rows, dtype=torch.int64, device=device)
         kv_index = batch.req_to_token[batch.req_slots[rows_t], :max_l]
-        seq_t = batch.seq_lens[rows_t]
-        ext_t = batch.extend_lens[rows_t]
+        seq_t, ext_t = batch.seq_lens[rows_t], batch.extend_lens[rows_t]
         q_pos = (seq_t - ext_t)[:, None] + torch.arange(max_e, device=device)[None, :]
         keys = torch.arange(max_l, device=device)
         mask = (keys[None, None, :] <= q_pos[:, :, None]) & (
             keys[None, None, :] < seq_t[:, None, None]
         )
-        token_idx = None
-        if not whole:
-            starts = torch.cumsum(batch.extend_lens, 0) - batch.extend_lens
-            token_idx = torch.cat(
-                [torch.arange(s, s + e) for s, e in zip(starts[rows_t].tolist(), ext)]
-            )
-            token_idx = token_idx.to(device)
+        shared_len = _shared_prefix_len(kv_index, min(seq)) if n > 1 else 0
+        shared = None
+        if shared_len >= MIN_SHARED_PREFIX:
+            # NOTE: new tokens get fresh slots, so every query sits past the shared part and
+            # sees all of it unmasked.
+            shared = kv_index[0, :shared_len]
+            kv_index, mask = kv_index[:, shared_len:], mask[:, :, shared_len:]
+        token_idx = None if whole else _token_rows(batch, rows_t, ext).to(device)
         pad_idx = None
         if any(e != max_e for e in ext):
             pad_idx = torch.cat([torch.arange(i * max_e, i * max_e + e) for i, e in enumerate(ext)])
             pad_idx = pad_idx.to(device)
-        return _Group(token_idx, kv_index, pad_idx, mask[:, None], n, max_e)
+        return _Group(token_idx, kv_index, pad_idx, mask, n, max_e, shared)
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch: ForwardBatch
@@ -73,32 +80,61 @@ class TorchAttentionBackend(AttentionBackend):
         return out
 
     def _attend(self, q: torch.Tensor, layer: int, g: _Group) -> torch.Tensor:
-        k = self.kv_pool.k[layer][g.kv_index]  # [B, L, Hkv, D]
-        v = self.kv_pool.v[layer][g.kv_index]
+        k_buf, v_buf = self.kv_pool.k[layer], self.kv_pool.v[layer]
         if g.pad_idx is not None:
             padded = q.new_zeros(g.num_reqs * g.max_extend, *q.shape[1:])
             padded[g.pad_idx] = q
             q = padded
-        q = q.view(g.num_reqs, g.max_extend, *q.shape[1:])
-        out = grouped_attention(q.to(k.dtype), k, v, g.mask[:, 0], self.scale).to(q.dtype)
-        out = out.reshape(-1, *q.shape[2:])
+        q4 = q.view(g.num_reqs, g.max_extend, *q.shape[1:]).to(k_buf.dtype)
+        k, v = k_buf[g.kv_index], v_buf[g.kv_index]
+        if g.shared is None:
+            out = grouped_attention(q4, k, v, g.mask, self.scale)[0]
+        else:
+            out = self._cascade(q4, k, v, g, k_buf[g.shared], v_buf[g.shared])
+        out = out.to(q.dtype).reshape(-1, *q.shape[1:])
         return out if g.pad_idx is None else out[g.pad_idx]
+
+    def _cascade(self, q4, k, v, g: _Group, k_shared, v_shared) -> torch.Tensor:
+        own, own_lse = grouped_attention(q4, k, v, g.mask, self.scale)
+        flat = q4.reshape(1, -1, *q4.shape[2:])
+        common, common_lse = grouped_attention(
+            flat, k_shared[None], v_shared[None], None, self.scale
+        )
+        common, common_lse = common.view_as(own), common_lse.view_as(own_lse)
+        lse = torch.logaddexp(own_lse, common_lse)
+        w_own, w_common = (own_lse - lse).exp()[..., None], (common_lse - lse).exp()[..., None]
+        return own.float() * w_own + common.float() * w_common
 
 
 def grouped_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
-) -> torch.Tensor:
-    """Attention with grouped KV heads and no KV repeat: two batched matmuls per call.
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention with grouped KV heads and no KV repeat: two batched matmuls.
 
-    q ``[B, E, H, D]``, k/v ``[B, L, Hkv, D]``, mask ``[B, E, L]`` (True = attend) ->
-    ``[B, E, H, D]``. Scores and softmax are float32.
+    q ``[B, E, H, D]``, k/v ``[B, L, Hkv, D]``, mask ``[B, E, L]`` (True = attend) or None ->
+    (out ``[B, E, H, D]``, log-sum-exp of the scores ``[B, E, H]``). Softmax runs in float32.
     """
     b, e, h, d = q.shape
     hkv = k.shape[2]
     g = h // hkv
     q = q.view(b, e, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(b, hkv, g * e, d)
     scores = torch.matmul(q, k.permute(0, 2, 3, 1)).float().mul_(scale)  # [B, Hkv, G*E, L]
-    scores = scores.view(b, hkv, g, e, -1).masked_fill_(~mask[:, None, None], float("-inf"))
-    probs = torch.softmax(scores, dim=-1).to(v.dtype).view(b, hkv, g * e, -1)
+    scores = scores.view(b, hkv, g, e, -1)
+    if mask is not None:
+        scores.masked_fill_(~mask[:, None, None], float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+    probs = (scores - lse).exp_().to(v.dtype).view(b, hkv, g * e, -1)
     out = torch.matmul(probs, v.transpose(1, 2))  # [B, Hkv, G*E, D]
-    return out.view(b, hkv, g, e, d).permute(0, 3, 1, 2, 4).reshape(b, e, h, d)
+    out = out.view(b, hkv, g, e, d).permute(0, 3, 1, 2, 4).reshape(b, e, h, d)
+    return out, lse.view(b, hkv, g, e).permute(0, 3, 1, 2).reshape(b, e, h)
+
+
+def _shared_prefix_len(kv_index: torch.Tensor, limit: int) -> int:
+    """How many leading KV slots every row has in common (within the first ``limit``)."""
+    same = (kv_index[:, :limit] == kv_index[:1, :limit]).all(dim=0)
+    return int(same.int().cumprod(0).sum())
+
+
+def _token_rows(batch: ForwardBatch, rows_t: torch.Tensor, ext: list[int]) -> torch.Tensor:
+    starts = (torch.cumsum(batch.extend_lens, 0) - batch.extend_lens)[rows_t].tolist()
+    return torch.cat([torch.arange(s, s + e) for s, e in zip(starts, ext)])

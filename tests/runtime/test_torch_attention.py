@@ -1,0 +1,73 @@
+"""The torch attention backend against a plain per-request softmax, with and without a shared
+prefix (cascade path)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixlm.runtime.executor.attention import torch_backend
+from radixlm.runtime.executor.attention.base import create_attention_backend
+from radixlm.runtime.executor.forward_batch import ForwardBatch
+from radixlm.runtime.mem_cache.memory_pool import KVPool, ReqToTokenPool
+
+HEADS, KV_HEADS, DIM = 6, 2, 16
+
+
+def reference(q, pool: KVPool, slots_per_req, prefixes, extends, scale):
+    outs, t = [], 0
+    for slots, p, e in zip(slots_per_req, prefixes, extends):
+        k = pool.k[0][slots].repeat_interleave(HEADS // KV_HEADS, 1)  # [L, H, D]
+        v = pool.v[0][slots].repeat_interleave(HEADS // KV_HEADS, 1)
+        for i in range(e):
+            pos = p + i
+            s = torch.einsum("hd,lhd->hl", q[t], k[: pos + 1]) * scale
+            outs.append(torch.einsum("hl,lhd->hd", s.softmax(-1), v[: pos + 1]))
+            t += 1
+    return torch.stack(outs)
+
+
+@pytest.mark.parametrize("shared", [0, 70])
+@pytest.mark.parametrize("extends", [[1, 1, 1, 1], [5, 1, 9, 1], [3, 7]])
+def test_matches_reference(shared, extends, monkeypatch):
+    monkeypatch.setattr(torch_backend, "MIN_SHARED_PREFIX", 8)
+    gen = torch.Generator().manual_seed(0)
+    pool = KVPool(512, 1, KV_HEADS, DIM, torch.float32, torch.device("cpu"))
+    pool.k[0].normal_(generator=gen)
+    pool.v[0].normal_(generator=gen)
+    table = ReqToTokenPool(8, 256, torch.device("cpu"))
+    common = torch.randperm(500, generator=gen)[:shared] + 1
+    free = iter((torch.randperm(500 - 0, generator=gen) + 1).tolist())
+    used = set(common.tolist())
+    prefixes, slot_lists, new_slots = [], [], []
+    for r, e in enumerate(extends):
+        own = 5 + 3 * r
+        fresh = []
+        while len(fresh) < own + e:
+            s = next(free)
+            if s not in used:
+                used.add(s)
+                fresh.append(s)
+        slots = torch.cat([common, torch.tensor(fresh)])
+        table.table[r, : len(slots)] = slots
+        prefixes.append(shared + own)
+        slot_lists.append(slots)
+        new_slots.append(slots[shared + own :])
+    total = sum(extends)
+    batch = ForwardBatch.build(
+        input_ids=[0] * total, prefix_lens=prefixes, extend_lens=extends,
+        req_slots=list(range(len(extends))), out_cache_loc=torch.cat(new_slots),
+        logits_indices=list(range(total)), req_to_token=table.table,
+    )  # fmt: skip
+    backend = create_attention_backend(
+        "torch", kv_pool=pool, num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=DIM
+    )
+    q = torch.randn(total, HEADS, DIM, generator=gen)
+    k = torch.randn(total, KV_HEADS, DIM, generator=gen)
+    v = torch.randn(total, KV_HEADS, DIM, generator=gen)
+    backend.prepare(batch)
+    if shared and len(extends) > 1:
+        assert any(g.shared is not None for g in batch.attn_meta)
+    out = backend.forward(q, k, v, 0, batch)
+    expected = reference(q, pool, slot_lists, prefixes, extends, DIM**-0.5)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
