@@ -102,9 +102,24 @@ def tiny_engine(tiny_llama):
     engine.shutdown()
 
 
-def assert_no_leak(engine) -> None:
-    """Every KV slot is free once the cache is flushed (call when no request runs)."""
-    assert engine.flush_cache()
+def assert_no_leak(engine, timeout: float = 10.0) -> None:
+    """Every KV slot is free once the cache is flushed. Aborts are asynchronous, so the flush is
+    retried until the scheduler has no request left (or ``timeout`` passes)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not engine.flush_cache():
+        assert time.monotonic() < deadline, "requests still running after the test"
+        time.sleep(0.05)
     stats = engine.get_server_info()["stats"]
     assert stats["kv_invariant_ok"] is True
     assert stats["free_tokens"] == stats["max_total_tokens"], stats
+
+
+@pytest.fixture(autouse=True)
+def _kv_slots_freed(request):
+    """After every test that used a shared engine, every KV slot is free again."""
+    yield
+    for name in ("smol_engine", "tiny_engine"):
+        if name in request.fixturenames:
+            assert_no_leak(request.getfixturevalue(name))

@@ -37,11 +37,11 @@ class Engine:
 
     @property
     def tokenizer(self):
-        return self._runtime.tokenizer
+        return self.runtime.tokenizer
 
     @property
     def info(self) -> dict:
-        return self._runtime.backend.info
+        return self.runtime.backend.info
 
     # -- generation -----------------------------------------------------------------------------
 
@@ -71,7 +71,7 @@ class Engine:
         )
         if stream:
             return self._stream(obj)
-        return self._call(self._runtime.generate(obj))
+        return self._call(self.runtime.generate(obj))
 
     async def async_generate(self, prompt=None, sampling_params=None, input_ids=None, **kw):
         """Awaitable ``generate``; with ``stream=True`` returns an async iterator of chunks."""
@@ -79,7 +79,7 @@ class Engine:
         if obj.stream:
             return self._async_stream(obj)
         return await asyncio.wrap_future(
-            asyncio.run_coroutine_threadsafe(self._runtime.generate(obj), self._loop)
+            asyncio.run_coroutine_threadsafe(self.runtime.generate(obj), self._loop)
         )
 
     def _stream(self, obj: GenerateInput) -> Iterator[dict]:
@@ -88,7 +88,7 @@ class Engine:
 
         async def pump() -> None:
             try:
-                async for chunk in self._runtime.stream(obj):
+                async for chunk in self.runtime.stream(obj):
                     q.put(chunk)
             except Exception as e:  # noqa: BLE001  (re-raised in the caller's thread)
                 q.put(e)
@@ -109,7 +109,7 @@ class Engine:
 
         async def pump() -> None:
             try:
-                async for chunk in self._runtime.stream(obj):
+                async for chunk in self.runtime.stream(obj):
                     caller.call_soon_threadsafe(q.put_nowait, chunk)
             except Exception as e:  # noqa: BLE001
                 caller.call_soon_threadsafe(q.put_nowait, e)
@@ -126,22 +126,35 @@ class Engine:
 
     # -- control -------------------------------------------------------------------------------
 
+    def abort_request(self, rid: str) -> None:
+        """Abort a request by id, waiting or running; its caller gets finish_reason abort."""
+        self._loop.call_soon_threadsafe(self.runtime.manager.abort, rid)
+
     def flush_cache(self) -> bool:
-        return self._call(self._runtime.flush_cache())
+        return self._call(self.runtime.flush_cache())
 
     def get_server_info(self) -> dict:
-        return self._call(self._runtime.server_info())
+        return self._call(self.runtime.server_info())
 
     def shutdown(self) -> None:
-        if self._runtime is not None:
-            runtime, self._runtime = self._runtime, None
-            self._call(runtime.close())
+        """Stop the child processes and the event loop (idempotent)."""
+        runtime, self._runtime = getattr(self, "_runtime", None), None
+        if runtime is not None and self._loop.is_running():
+            self._call(runtime.close(), timeout=30)
+        elif runtime is not None:
+            runtime.backend.shutdown()
         if self._loop.is_running():
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(5)
 
-    def _call(self, coro) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+    def _call(self, coro, timeout: float | None = None) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    @property
+    def runtime(self) -> Runtime:
+        if self._runtime is None:
+            raise RuntimeError("the engine has been shut down")
+        return self._runtime
 
     def __enter__(self) -> Engine:
         return self
