@@ -14,7 +14,7 @@ from radixlm.runtime.config import DTYPES, LOAD_FORMATS, SCHEDULE_POLICIES, Serv
 from radixlm.server.app import abort_in_flight, create_app
 
 HELP = {
-    "model_path": "Hugging Face directory or GGUF file (default: the embedded SmolLM2-135M-Instruct)",
+    "model_path": "Hugging Face directory or GGUF file (default: the embedded SmolLM2)",
     "host": "address to listen on",
     "port": "port to listen on",
     "max_total_tokens": "KV cache size in tokens (default: from --mem-fraction-static)",
@@ -82,7 +82,10 @@ def serve(args: ServerArgs) -> int:
     """Run until SIGTERM/SIGINT (0) or until the engine dies or fails to start (1)."""
     host = f"[{args.host}]" if ":" in args.host else args.host
     holder: list[_Server] = []
-    app = create_app(args, on_fatal=lambda reason: holder[0].die(reason))
+    try:
+        app = create_app(args, on_fatal=lambda reason: holder[0].die(reason))
+    except ValueError as e:
+        raise SystemExit(f"radixlm serve: error: {e}") from None
     config = uvicorn.Config(
         app, host=args.host, port=args.port, log_level=args.log_level,
         timeout_graceful_shutdown=5, lifespan="on",

@@ -27,7 +27,9 @@ ERROR_TYPES = {
 class APIError(Exception):
     """An error with an HTTP status, answered with OpenAI's error body."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+    def __init__(
+        self, status: int, message: str, param: str | None = None, code: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message

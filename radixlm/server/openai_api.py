@@ -191,7 +191,8 @@ async def _completion_frames(call: _Call) -> AsyncIterator[str]:
         if body.logprobs is not None:
             logprobs = fmt.completion_logprobs(meta, lp_start, offset, echo)
         choice = {"index": i, "text": text, "logprobs": logprobs}
-        yield sse(_chunk(call, "text_completion", {**choice, "finish_reason": fmt.finish_reason(meta)}))
+        choice["finish_reason"] = fmt.finish_reason(meta)
+        yield sse(_chunk(call, "text_completion", choice))
     async for frame in _stream_end(call, progress, "text_completion"):
         yield frame
 

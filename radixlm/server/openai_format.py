@@ -12,7 +12,9 @@ from radixlm.runtime.io_struct import GenerateInput
 from radixlm.server.errors import guess_param
 from radixlm.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 
-OPENAI_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "sampling_seed": "seed"}
+OPENAI_NAMES = {
+    "max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "sampling_seed": "seed",
+}
 FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
@@ -74,9 +76,11 @@ def chat_input(req: ChatCompletionRequest, tokenizer, template: str | None) -> G
             raise ValueError("response_format cannot be combined with regex or json_schema")
         schema = fmt.json_schema.schema_ if fmt.type == "json_schema" and fmt.json_schema else None
         params["json_schema"] = json.dumps(schema or {"type": "object"})
-    prompt = render_chat(tokenizer, req, template)
+    ids = tokenizer.encode(render_chat(tokenizer, req, template), add_special_tokens=False)
+    if not ids:
+        raise ValueError("messages: the chat template produced an empty prompt")
     return GenerateInput(
-        input_ids=tokenizer.encode(prompt, add_special_tokens=False) or None,
+        input_ids=ids,
         sampling_params=params,
         stream=req.stream,
         return_logprob=req.logprobs,

@@ -20,7 +20,8 @@ def assert_error(response, status: int, *words: str, param: str | None = "any") 
 
 @pytest.mark.parametrize("path", ["/generate", "/v1/completions", "/v1/chat/completions"])
 def test_malformed_json_is_400(tiny_client, path):
-    response = tiny_client.post(path, content=b'{"text": "x",', headers={"content-type": "application/json"})
+    headers = {"content-type": "application/json"}
+    response = tiny_client.post(path, content=b'{"text": "x",', headers=headers)
     assert_error(response, 400, "malformed JSON")
 
 
@@ -62,7 +63,8 @@ def test_bad_native_sampling_parameter_names_the_field(tiny_client, sampling, fi
 
 
 def test_native_shape_errors(tiny_client):
-    assert_error(tiny_client.post("/generate", json={"sampling_params": {}}), 400, "text", "input_ids")
+    response = tiny_client.post("/generate", json={"sampling_params": {}})
+    assert_error(response, 400, "text", "input_ids")
     response = tiny_client.post("/generate", json={"input_ids": [10**9]})
     assert_error(response, 400, "input_ids")
     response = tiny_client.post("/generate", json={"text": "x", "extra_thing": True})

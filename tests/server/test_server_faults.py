@@ -65,7 +65,8 @@ def test_api_key_is_required_except_for_health(restricted):
         ok = c.get("/get_model_info", headers={"Authorization": f"Bearer {KEY}"})
         assert ok.status_code == 200
     client = openai.OpenAI(base_url=f"{restricted.url}/v1", api_key=KEY, max_retries=0)
-    assert client.completions.create(model=client.models.list().data[0].id, prompt="x", max_tokens=1)
+    model = client.models.list().data[0].id
+    assert client.completions.create(model=model, prompt="x", max_tokens=1).choices
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{restricted.url}/v1", api_key="nope", max_retries=0).models.list()
 

@@ -15,9 +15,11 @@ def sse_frames(response) -> list:
 
 
 def test_generate_text_and_input_ids_agree(tiny_client):
-    by_text = tiny_client.post("/generate", json={"text": "Hello", "sampling_params": GREEDY}).json()
+    by_text = tiny_client.post("/generate", json={"text": "Hello", "sampling_params": GREEDY})
+    by_text = by_text.json()
     ids = tiny_client.post("/tokenize", json={"text": "Hello"}).json()["tokens"]
-    by_ids = tiny_client.post("/generate", json={"input_ids": ids, "sampling_params": GREEDY}).json()
+    by_ids = tiny_client.post("/generate", json={"input_ids": ids, "sampling_params": GREEDY})
+    by_ids = by_ids.json()
     assert by_text["output_ids"] == by_ids["output_ids"] and len(by_ids["output_ids"]) == 6
     meta = by_text["meta_info"]
     assert meta["finish_reason"] == {"type": "length", "length": 6}
@@ -27,7 +29,8 @@ def test_generate_text_and_input_ids_agree(tiny_client):
 
 def test_generate_batch_returns_a_list(tiny_client):
     out = tiny_client.post("/generate", json={
-        "text": ["a", "b", "c"], "sampling_params": {"max_new_tokens": 2}, "rid": ["r1", "r2", "r3"],
+        "text": ["a", "b", "c"], "sampling_params": {"max_new_tokens": 2},
+        "rid": ["r1", "r2", "r3"],
     }).json()
     assert [o["meta_info"]["id"] for o in out] == ["r1", "r2", "r3"]
 
@@ -76,7 +79,8 @@ def test_model_and_server_info(tiny_client, tiny_llama):
     server = tiny_client.get("/get_server_info").json()
     assert server["max_total_tokens"] == 16384 and server["max_running_requests"] == 64
     assert "api_key" not in server
-    assert {"num_running", "free_tokens", "kv_invariant_ok", "cache_hit_rate"} <= set(server["stats"])
+    expected = {"num_running", "free_tokens", "kv_invariant_ok", "cache_hit_rate"}
+    assert expected <= set(server["stats"])
 
 
 def test_flush_cache_empties_the_radix_tree(tiny_client):
@@ -95,7 +99,8 @@ def test_abort_request_ends_a_running_request(tiny_client, tiny_server):
         lines = response.iter_lines()
         assert next(lines).startswith("data: ")
         with tiny_server.client() as other:
-            assert other.post("/abort_request", json={"rid": "to-abort"}).json()["aborted"] == ["to-abort"]
+            aborted = other.post("/abort_request", json={"rid": "to-abort"}).json()["aborted"]
+            assert aborted == ["to-abort"]
         frames = [json.loads(x[6:]) for x in lines if x.startswith("data: {")]
     assert frames[-1]["meta_info"]["finish_reason"] == {"type": "abort", "message": "aborted"}
     assert len(frames[-1]["output_ids"]) < 900

@@ -106,7 +106,9 @@ def test_chat_stream_with_usage(client):
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens >= 1
     reasons = [c.choices[0].finish_reason for c in chunks if c.choices]
     assert reasons[-1] in ("length", "stop") and not any(reasons[:-1])
-    full = client.chat.completions.create(model="tiny", messages=messages, max_tokens=5, temperature=0)
+    full = client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=5, temperature=0
+    )
     assert text == full.choices[0].message.content
 
 
@@ -116,7 +118,9 @@ def test_stop_string_is_trimmed(client):
     stop = text[len(text) // 2 :][:3]
     if not stop.strip():
         pytest.skip("generated text has no usable stop string")
-    r = client.completions.create(model="tiny", prompt="x y z", max_tokens=8, temperature=0, stop=stop)
+    r = client.completions.create(
+        model="tiny", prompt="x y z", max_tokens=8, temperature=0, stop=stop
+    )
     assert r.choices[0].finish_reason == "stop"
     assert stop not in r.choices[0].text and text.startswith(r.choices[0].text)
 
@@ -131,7 +135,8 @@ def test_smollm_answers_sensibly(smol_server):
     client = openai.OpenAI(base_url=f"{smol_server.url}/v1", api_key="unused", max_retries=0)
     r = client.chat.completions.create(
         model=client.models.list().data[0].id,
-        messages=[{"role": "user", "content": "What is the capital of France? Answer in one word."}],
+        messages=[{"role": "user",
+                   "content": "What is the capital of France? Answer in one word."}],
         max_tokens=6, temperature=0,
     )
     assert "paris" in r.choices[0].message.content.lower()
