@@ -82,6 +82,7 @@ def _freeze(d: dict[str, Any] | None) -> tuple[tuple[str, Any], ...] | None:
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs", "lof", "random")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+LOAD_BALANCE_METHODS = ("cache_aware", "round_robin", "least_load")
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,7 @@ class ServerArgs:
     disable_cuda_graph: bool = False
     tp_size: int = 1
     dp_size: int = 1
+    load_balance_method: str = "cache_aware"
     random_seed: int = 0
     host: str = "127.0.0.1"
     port: int = 30000
@@ -124,6 +126,7 @@ class ServerArgs:
         _check_choice("dtype", self.dtype, DTYPES)
         _check_choice("load_format", self.load_format, LOAD_FORMATS)
         _check_choice("schedule_policy", self.schedule_policy, SCHEDULE_POLICIES)
+        _check_choice("load_balance_method", self.load_balance_method, LOAD_BALANCE_METHODS)
         for name in (
             "max_running_requests",
             "max_prefill_tokens",

@@ -60,7 +60,12 @@ def launch(args: ServerArgs, gpu_offset: int = 0) -> Backend:
     """Start the processes and wait until the model is loaded. Bad paths, formats, architectures
     or tensor-parallel sizes raise here, in the caller's process, before anything is spawned.
 
-    ``gpu_offset``: the first GPU of this replica (rank r uses GPU ``gpu_offset + r``)."""
+    ``gpu_offset``: the first GPU of this replica (rank r uses GPU ``gpu_offset + r``).
+    With ``dp_size > 1``, starts that many replicas and returns a ``ReplicaSet``."""
+    if args.dp_size > 1:
+        from radixlm.runtime.distributed.data_parallel import launch_replicas
+
+        return launch_replicas(args)
     config, _, _ = load_config(args)
     check_tp_size(config, args.tp_size)
     ports = ipc.PortArgs.new()

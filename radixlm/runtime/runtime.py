@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.distributed.data_parallel import DataParallelManager
 from radixlm.runtime.io_struct import GenerateInput
 from radixlm.runtime.launcher import Backend
 from radixlm.runtime.loader.loader import load_config, load_tokenizer
@@ -30,7 +31,11 @@ class Runtime:
     def start(cls, args: ServerArgs, backend: Backend) -> Runtime:
         """Call on the loop that will serve requests."""
         _, path, fmt = load_config(args)
-        manager = TokenizerManager(args, backend.ports, load_tokenizer(args, path, fmt), backend.info)
+        tokenizer = load_tokenizer(args, path, fmt)
+        if args.dp_size > 1:
+            manager = DataParallelManager(args, backend, tokenizer)
+        else:
+            manager = TokenizerManager(args, backend.ports, tokenizer, backend.info)
         manager.start()
         return cls(args, backend, manager)
 

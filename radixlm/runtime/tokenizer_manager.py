@@ -89,11 +89,19 @@ class TokenizerManager:
         sampling["max_new_tokens"] = min(params.max_new_tokens, self.context_len - len(ids))
         start = req.logprob_start_len
         if req.return_logprob and start >= len(ids):
-            raise ValueError(f"logprob_start_len ({start}) must be < the prompt length ({len(ids)})")
+            raise ValueError(
+                f"logprob_start_len ({start}) must be < the prompt length ({len(ids)})"
+            )
         if req.top_logprobs_num < 0 or req.top_logprobs_num > 20:
             raise ValueError(f"top_logprobs_num must be in [0, 20], got {req.top_logprobs_num}")
         return GenerateReq(
-            req.rid, list(ids), sampling, req.stream, req.return_logprob, start, req.top_logprobs_num
+            req.rid,
+            list(ids),
+            sampling,
+            req.stream,
+            req.return_logprob,
+            start,
+            req.top_logprobs_num,
         )
 
     async def generate(self, req: SingleRequest) -> AsyncIterator[dict[str, Any]]:
@@ -123,10 +131,10 @@ class TokenizerManager:
                 ipc.send(self.to_scheduler, AbortReq(msg.rid))
 
     async def generate_one(self, req: SingleRequest) -> dict[str, Any]:
-        last = None
-        async for last in self.generate(req):
+        response = None
+        async for response in self.generate(req):  # noqa: B007  (the last one is the result)
             pass
-        return last
+        return response
 
     def abort(self, rid: str) -> None:
         ipc.send(self.to_scheduler, AbortReq(rid))
@@ -148,7 +156,9 @@ class TokenizerManager:
             raise EngineDeadError(self.dead)
         limit = self.args.max_queued_requests
         if limit is not None and len(self.states) >= self.args.max_running_requests + limit:
-            raise QueueFullError(f"too many requests in flight ({len(self.states)}); try again later")
+            raise QueueFullError(
+                f"too many requests in flight ({len(self.states)}); try again later"
+            )
 
     # -- outputs -----------------------------------------------------------------------------
 
@@ -215,7 +225,8 @@ class TokenizerManager:
 
     def _with_text(self, entries: list, with_text: bool) -> list:
         return [
-            [lp, tid, self.tokenizer.decode([tid]) if with_text else None] for lp, tid, *_ in entries
+            [lp, tid, self.tokenizer.decode([tid]) if with_text else None]
+            for lp, tid, *_ in entries
         ]
 
     def close(self) -> None:

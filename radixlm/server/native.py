@@ -89,6 +89,9 @@ async def get_model_info(request: Request) -> dict[str, Any]:
         "is_generation": True,
         "served_model_name": state.served_model_name,
         "context_length": state.context_len,
+        "chat_template": state.chat_template or getattr(state.tokenizer, "chat_template", None),
+        "bos_token": state.tokenizer.bos_token,
+        "eos_token": state.tokenizer.eos_token,
     }
 
 

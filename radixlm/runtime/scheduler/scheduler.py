@@ -90,6 +90,7 @@ class Scheduler:
         req.finish = {"type": "abort", "message": message}
         if error:
             req.finish["error"] = error
+        self.stats.finished(req)
         self.outbox.append(token_out(req, [], [], None))
 
     def control(self, msg: ControlReq) -> ControlOut:
@@ -133,6 +134,8 @@ class Scheduler:
         for req in plan.admitted:
             self.waiting.remove(req)
             self.running.append(req)
+            if req.retractions == 0:
+                self.stats.prompt_tokens += len(req.input_ids)
         if not plan.chunks and len(self.running) > 1:
             self._retract(self._victim([r for r in self.running if r.is_prefilling]))
         return plan

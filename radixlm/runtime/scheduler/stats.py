@@ -28,7 +28,6 @@ class SchedulerStats:
 
     def finished(self, req: Req) -> None:
         self.finished_by_reason[(req.finish or {}).get("type", "unknown")] += 1
-        self.prompt_tokens += len(req.input_ids)
 
     @property
     def gen_throughput(self) -> float:

@@ -44,7 +44,7 @@ class AttentionBackend(ABC):
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch: ForwardBatch
     ) -> torch.Tensor:
-        """q ``[T, heads, head_dim]``, k/v ``[T, kv_heads, head_dim]`` -> ``[T, heads, head_dim]``."""
+        """q ``[T, heads, dim]``, k/v ``[T, kv_heads, dim]`` -> ``[T, heads, dim]``."""
 
 
 def create_attention_backend(name: str, **kwargs) -> AttentionBackend:
