@@ -3,7 +3,7 @@
 Compares the frontend language's ``run_batch`` on the in-process Engine with the radix cache on
 and off, and (when the server is available) the same questions sent by a plain loop of
 independent ``/generate`` requests, one per ending. Reports programs/s, cache hit rate and
-accuracy. Run: ``.venv/bin/python benchmarks/bench_lang.py [--questions 16] [--no-http]``
+accuracy. Run: ``.venv/bin/python benchmarks/bench_lang.py [--questions 8] [--no-http]``
 """
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ class _Server:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--questions", type=int, default=16)
+    parser.add_argument("--questions", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-http", action="store_true", help="skip the HTTP plain loop")
     args = parser.parse_args()

@@ -1,5 +1,6 @@
-"""A ReAct-style tool loop: the model thinks, picks a tool with ``select``, writes its input
-with ``gen``; Python runs the tool and appends the observation; repeat until ``finish``.
+"""A ReAct-style tool loop: the model thinks, picks a tool with ``select``, writes the tool's
+input (constrained by a regex or a choice list); Python runs the tool and appends the
+observation; repeat until ``finish``.
 
 Every step extends the same state, so each request reuses the KV of all the steps before it.
 Run: ``python examples/react_agent.py [--url URL]``
@@ -51,17 +52,26 @@ INSTRUCTIONS = (
 )
 
 
+def tool_input(action: str, name: str):
+    """The tool's input, constrained to what the tool accepts."""
+    if action == "capital_lookup":
+        return sgl.select(name, choices=[c.title() for c in CAPITALS])
+    if action == "calculator":
+        return sgl.gen(name, max_tokens=12, regex=r"[0-9]+ ?[-+*/] ?[0-9]+")
+    return sgl.gen(name, max_tokens=12, stop="\n")
+
+
 @sgl.function
 def react(s, question, max_steps=3):
     s += INSTRUCTIONS + "Question: " + question + "\n"
     for step in range(max_steps):
         s += "Thought:" + sgl.gen(f"thought_{step}", max_tokens=24, stop="\n") + "\n"
         s += "Action: " + sgl.select(f"action_{step}", choices=[*TOOLS, "finish"]) + "\n"
-        s += "Input: " + sgl.gen(f"input_{step}", max_tokens=12, stop="\n") + "\n"
-        action, tool_input = s[f"action_{step}"], s[f"input_{step}"]
+        action = s[f"action_{step}"]
+        s += "Input: " + tool_input(action, f"input_{step}") + "\n"
         if action == "finish":
-            return tool_input.strip()
-        s += "Observation: " + TOOLS[action](tool_input) + "\n"
+            return s[f"input_{step}"].strip()
+        s += "Observation: " + TOOLS[action](s[f"input_{step}"]) + "\n"
     return None
 
 

@@ -102,7 +102,8 @@ def as_expr(value: Any) -> SglExpr:
         return value
     if isinstance(value, str):
         return SglConstantText(value)
-    raise TypeError(f"cannot append a {type(value).__name__} to a program; use a str or an expression")
+    kind = type(value).__name__
+    raise TypeError(f"cannot append a {kind} to a program; use a str or an expression")
 
 
 def _concat(a: SglExpr, b: SglExpr) -> SglExprList:

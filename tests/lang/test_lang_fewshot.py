@@ -58,7 +58,7 @@ def test_run_batch_equals_sequential_runs_and_reuses_the_prefix(smol, smol_engin
     assert [s["answer"] for s in batch] == [s["answer"] for s in sequential]
     assert all(s.error() is None for s in batch)
     batch_cached = [s.get_meta_info("answer")["cached_tokens"] for s in batch]
-    assert min(batch_cached[1:]) >= n_prefix - 1
+    assert min(batch_cached) >= n_prefix - 1  # the traced prefix was cached before dispatch
     assert_no_leak(smol_engine)
 
 

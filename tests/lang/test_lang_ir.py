@@ -70,3 +70,17 @@ def test_run_without_a_backend_explains_what_to_do():
     sgl.set_default_backend(None)
     with pytest.raises(ValueError, match="set_default_backend"):
         prog.run()
+
+
+SGLANG_NAMES = [
+    "function", "gen", "gen_int", "gen_string", "select", "system", "user", "assistant",
+    "system_begin", "system_end", "user_begin", "user_end", "assistant_begin", "assistant_end",
+    "set_default_backend", "Engine", "RuntimeEndpoint", "OpenAI", "Runtime", "flush_cache",
+    "get_server_info", "REGEX_INT", "REGEX_FLOAT", "REGEX_BOOL", "REGEX_STR",
+    "token_length_normalized", "greedy_token_selection", "unconditional_likelihood_normalized",
+]
+
+
+def test_the_sglang_frontend_names_are_on_the_package():
+    missing = [name for name in SGLANG_NAMES if not hasattr(sgl, name)]
+    assert missing == []

@@ -58,3 +58,17 @@ def test_prefix_includes_rendered_roles_and_survives_fstrings():
     backend = BaseBackend(get_chat_template("chatml"))
     prefix = extract_prefix_by_tracing(chat, backend)
     assert prefix == "<|im_start|>system\nBe kind.<|im_end|>\n<|im_start|>user\n"
+
+
+def test_cache_prefills_the_traced_prefix_once():
+    class Recorder(BaseBackend):
+        def __init__(self):
+            super().__init__()
+            self.cached = []
+
+        def cache_prefix(self, prefix):
+            self.cached.append(prefix)
+
+    backend = Recorder()
+    assert few_shot.cache(backend=backend) == "Shots shots shots.\nQ: "
+    assert backend.cached == ["Shots shots shots.\nQ: "]
