@@ -95,10 +95,10 @@ class TorchAttentionBackend(AttentionBackend):
         return out if g.pad_idx is None else out[g.pad_idx]
 
     def _cascade(self, q4, k, v, g: _Group, k_shared, v_shared) -> torch.Tensor:
-        own, own_lse = grouped_attention(q4, k, v, g.mask, self.scale)
+        own, own_lse = grouped_attention(q4, k, v, g.mask, self.scale, with_lse=True)
         flat = q4.reshape(1, -1, *q4.shape[2:])
         common, common_lse = grouped_attention(
-            flat, k_shared[None], v_shared[None], None, self.scale
+            flat, k_shared[None], v_shared[None], None, self.scale, with_lse=True
         )
         common, common_lse = common.view_as(own), common_lse.view_as(own_lse)
         lse = torch.logaddexp(own_lse, common_lse)
@@ -107,12 +107,18 @@ class TorchAttentionBackend(AttentionBackend):
 
 
 def grouped_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
-) -> tuple[torch.Tensor, torch.Tensor]:
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    with_lse: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Attention with grouped KV heads and no KV repeat: two batched matmuls.
 
     q ``[B, E, H, D]``, k/v ``[B, L, Hkv, D]``, mask ``[B, E, L]`` (True = attend) or None ->
-    (out ``[B, E, H, D]``, log-sum-exp of the scores ``[B, E, H]``). Softmax runs in float32.
+    (out ``[B, E, H, D]``, and with ``with_lse`` the log-sum-exp of the scores ``[B, E, H]``).
+    Softmax runs in float32.
     """
     b, e, h, d = q.shape
     hkv = k.shape[2]
@@ -122,11 +128,17 @@ def grouped_attention(
     scores = scores.view(b, hkv, g, e, -1)
     if mask is not None:
         scores.masked_fill_(~mask[:, None, None], float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1, keepdim=True)
-    probs = (scores - lse).exp_().to(v.dtype).view(b, hkv, g * e, -1)
-    out = torch.matmul(probs, v.transpose(1, 2))  # [B, Hkv, G*E, D]
-    out = out.view(b, hkv, g, e, d).permute(0, 3, 1, 2, 4).reshape(b, e, h, d)
-    return out, lse.view(b, hkv, g, e).permute(0, 3, 1, 2).reshape(b, e, h)
+    lse = None
+    if with_lse:
+        top = scores.amax(dim=-1, keepdim=True)
+        probs = scores.sub_(top).exp_()
+        total = probs.sum(dim=-1, keepdim=True)
+        probs = probs.div_(total)
+        lse = (total.log_() + top).view(b, hkv, g, e).permute(0, 3, 1, 2).reshape(b, e, h)
+    else:
+        probs = torch.softmax(scores, dim=-1)
+    out = torch.matmul(probs.to(v.dtype).view(b, hkv, g * e, -1), v.transpose(1, 2))
+    return out.view(b, hkv, g, e, d).permute(0, 3, 1, 2, 4).reshape(b, e, h, d), lse
 
 
 def _shared_prefix_len(kv_index: torch.Tensor, limit: int) -> int:
