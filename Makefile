@@ -16,7 +16,14 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 test: setup
-	$(PY) -m pytest -q -x --timeout=900 $(PYTEST_ARGS)
+	$(PY) -m pytest -q --timeout=900 --durations=15 $(PYTEST_ARGS)
+
+# Benchmarks need the bench extra (llama-cpp-python compiles for about 10 minutes).
+bench: setup
+	$(PIP) install -q -e '.[bench]'
+	$(PY) benchmarks/bench_offline.py
+	$(PY) benchmarks/bench_prefix.py
+	$(PY) benchmarks/bench_lang.py
 
 serve: setup
 	$(PY) -m radixlm.server $(SERVE_ARGS)
