@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from radixlm.runtime import ipc
 from radixlm.runtime.config import ServerArgs
-from radixlm.runtime.distributed.parallel import RankInfo, file_init_method
+from radixlm.runtime.distributed.parallel import RankInfo, check_gpu_count, file_init_method
 from radixlm.runtime.distributed.shard import check_tp_size
 from radixlm.runtime.loader.loader import load_config
 
@@ -68,6 +68,7 @@ def launch(args: ServerArgs, gpu_offset: int = 0) -> Backend:
         return launch_replicas(args)
     config, _, _ = load_config(args)
     check_tp_size(config, args.tp_size)
+    check_gpu_count(args.device, args.tp_size)
     ports = ipc.PortArgs.new()
     init = file_init_method(private_dir(ports))
     procs, pipes = {}, {}
@@ -119,22 +120,23 @@ def _wait_ready(pipes: dict[str, int], procs: dict[str, subprocess.Popen]) -> di
     tensor-parallel group would otherwise wait for each other forever)."""
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     data = {name: b"" for name in pipes}
-    info: dict = {}
-    while pending := [n for n in pipes if not data[n].endswith(b"\n")]:
+    done: dict[str, dict] = {}
+    while pending := [n for n in pipes if n not in done]:
         if time.monotonic() > deadline:
             raise TimeoutError(
                 f"the {pending[0]} process did not start within {STARTUP_TIMEOUT_S:.0f} s"
             )
         ready, _, _ = select.select([pipes[n] for n in pending], [], [], 0.2)
         for name in pending:
-            chunk = os.read(pipes[name], 65536) if pipes[name] in ready else None
-            data[name] += chunk or b""
-            if chunk == b"" or (chunk is None and procs[name].poll() is not None):
-                info.update(_parse_ready(name, data[name], procs[name]))
-                data[name] += b"\n"
-            elif data[name].endswith(b"\n"):
-                info.update(_parse_ready(name, data[name], procs[name]))
-    return info
+            if pipes[name] in ready:
+                chunk = os.read(pipes[name], 65536)
+                data[name] += chunk
+                finished = not chunk or data[name].endswith(b"\n")
+            else:
+                finished = procs[name].poll() is not None
+            if finished:
+                done[name] = _parse_ready(name, data[name], procs[name])
+    return {k: v for info in done.values() for k, v in info.items()}
 
 
 def _parse_ready(name: str, data: bytes, proc: subprocess.Popen) -> dict:

@@ -65,12 +65,22 @@ class TPGroup:
 
 
 def resolve_device(name: str, gpu_id: int = 0) -> torch.device:
-    """``auto``: ``cuda:<gpu_id>`` when CUDA is present, else CPU; ``cuda``: ``cuda:<gpu_id>``."""
+    """``auto``: a GPU when CUDA is present, else CPU. ``auto``/``cuda`` take GPU ``gpu_id``,
+    wrapping around the visible GPUs (data-parallel replicas may share them)."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":
-        return torch.device("cuda", gpu_id)
+        return torch.device("cuda", gpu_id % max(torch.cuda.device_count(), 1))
     return torch.device(name)
+
+
+def check_gpu_count(device: str, tp_size: int) -> None:
+    """Raise ValueError when tensor parallelism on CUDA needs more GPUs than are visible."""
+    if device not in ("auto", "cuda") or tp_size == 1 or not torch.cuda.is_available():
+        return
+    count = torch.cuda.device_count()
+    if tp_size > count:
+        raise ValueError(f"tp_size={tp_size} needs {tp_size} GPUs, but {count} are visible")
 
 
 def init_tp_group(info: RankInfo, device: torch.device) -> TPGroup:
