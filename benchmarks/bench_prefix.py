@@ -1,8 +1,9 @@
 """The workload radixlm exists for: a shared few-shot prefix (~800 tokens) and many questions.
 
 radixlm with the radix cache, radixlm without it, Hugging Face ``generate()`` batched (fp32),
-and llama.cpp (``llama-cpp-python``, same GGUF, reusing the common prefix's KV) when installed; all greedy,
-8 new tokens. Run: ``.venv/bin/python benchmarks/bench_prefix.py [--sizes 32 128]``
+and llama.cpp (``llama-cpp-python``, same GGUF, reusing the common prefix's KV) when
+installed; all greedy, 8 new tokens.
+Run: ``.venv/bin/python benchmarks/bench_prefix.py [--sizes 32 128]``
 """
 
 from __future__ import annotations
@@ -32,8 +33,13 @@ def run_radixlm(batch: list[str], **options) -> dict:
         stats = engine.get_server_info()["stats"]
     cached = sum(o["meta_info"]["cached_tokens"] for o in outs)
     prompt = sum(o["meta_info"]["prompt_tokens"] for o in outs)
-    return {"seconds": elapsed, "req_s": len(batch) / elapsed, "hit_rate": cached / prompt,
-            "scheduler_hit_rate": stats["cache_hit_rate"], "answers": [o["text"] for o in outs[:3]]}
+    return {
+        "seconds": elapsed,
+        "req_s": len(batch) / elapsed,
+        "hit_rate": cached / prompt,
+        "scheduler_hit_rate": stats["cache_hit_rate"],
+        "answers": [o["text"] for o in outs[:3]],
+    }
 
 
 def run_hf(batch: list[str], batch_size: int = 16) -> dict:
@@ -55,9 +61,10 @@ def run_hf(batch: list[str], batch_size: int = 16) -> dict:
     with torch.no_grad():
         for i in range(0, len(batch), batch_size):
             enc = tok(batch[i : i + batch_size], return_tensors="pt", padding=True)
-            out = model.generate(**enc, max_new_tokens=NEW_TOKENS, do_sample=False,
-                                 pad_token_id=tok.pad_token_id)
-            texts += tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+            out = model.generate(
+                **enc, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=tok.pad_token_id
+            )
+            texts += tok.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
     elapsed = time.perf_counter() - start
     return {"seconds": elapsed, "req_s": len(batch) / elapsed, "answers": texts[:3]}
 
@@ -69,8 +76,9 @@ def run_llamacpp(batch: list[str]) -> dict | None:
         return None
     from radixlm.runtime.loader.loader import default_model_path
 
-    llm = Llama(model_path=default_model_path(), n_ctx=2048, n_threads=os.cpu_count(),
-                verbose=False)
+    llm = Llama(
+        model_path=default_model_path(), n_ctx=2048, n_threads=os.cpu_count(), verbose=False
+    )
     # NOTE: llama.cpp keeps the previous prompt's KV and re-evaluates only past the longest common
     # prefix, which serves this workload far better than its LlamaRAMCache (a whole-state
     # save/restore per call, ~60x slower here), so the baseline runs without the latter.
@@ -110,13 +118,20 @@ def main() -> None:
             if f"{other}@{n}" in results:
                 ratios[f"vs_{other}@{n}"] = ours / results[f"{other}@{n}"]["req_s"]
     save("bench_prefix", {"args": vars(args), "results": results, "ratios": ratios})
-    bar_chart("bench_prefix", list(results), [r["req_s"] for r in results.values()],
-              "requests / s", "Shared ~800-token few-shot prefix, 8 new tokens, CPU")
+    bar_chart(
+        "bench_prefix",
+        list(results),
+        [r["req_s"] for r in results.values()],
+        "requests / s",
+        "Shared ~800-token few-shot prefix, 8 new tokens, CPU",
+    )
     n = max(args.sizes)
-    parts = [f"radixlm {results[f'radixlm@{n}']['req_s']:.2f} req/s",
-             f"hit rate {results[f'radixlm@{n}']['hit_rate']:.1%}"]
+    parts = [
+        f"radixlm {results[f'radixlm@{n}']['req_s']:.2f} req/s",
+        f"hit rate {results[f'radixlm@{n}']['hit_rate']:.1%}",
+    ]
     parts += [f"{k.removeprefix('vs_')} x{v:.1f}" for k, v in ratios.items() if k.endswith(f"@{n}")]
-    print("bench_prefix (@%d): " % n + ", ".join(parts))
+    print(f"bench_prefix (@{n}): " + ", ".join(parts))
 
 
 if __name__ == "__main__":

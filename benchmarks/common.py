@@ -34,8 +34,12 @@ def machine() -> dict[str, Any]:
 def save(name: str, result: dict[str, Any]) -> str:
     os.makedirs(RESULTS_DIR, exist_ok=True)
     path = os.path.join(RESULTS_DIR, f"{name}.json")
-    result = {"benchmark": name, "time": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine(),
-              **result}
+    result = {
+        "benchmark": name,
+        "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": machine(),
+        **result,
+    }
     with open(path, "w") as f:
         json.dump(result, f, indent=2)
     return path
