@@ -107,6 +107,9 @@ class ServerArgs:
     attention_backend: str | None = None
     grammar_backend: str = "outlines"
     disable_jump_forward: bool = False
+    # NOTE: compact JSON by default: fewer tokens, long forced runs for jump-forward (`{"name":"`),
+    # and no whitespace for a small model to loop on. "[ ]?" allows a space after : and ,.
+    constrained_json_whitespace_pattern: str = ""
     disable_cuda_graph: bool = False
     tp_size: int = 1
     dp_size: int = 1

@@ -26,7 +26,11 @@ class GrammarQueue:
 
             c = self.runner.config
             backend = create_grammar_backend(
-                self.args.grammar_backend, self.runner.tokenizer, c.vocab_size, c.eos_token_ids
+                self.args.grammar_backend,
+                self.runner.tokenizer,
+                c.vocab_size,
+                c.eos_token_ids,
+                self.args.constrained_json_whitespace_pattern,
             )
             self._compiler = GrammarCompiler(backend)
         return self._compiler
