@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -17,6 +18,7 @@ class GrammarQueue:
         self.runner = runner
         self.pending: list[Req] = []
         self._compiler = None
+        self._mask_pool: ThreadPoolExecutor | None = None
 
     @property
     def compiler(self):
@@ -62,6 +64,14 @@ class GrammarQueue:
             else:
                 req.grammar = req.grammar.result().matcher()
         return [r for r in done if r.finish is None]
+
+    def start_bitmask(self, reqs: list[Req], vocab_size: int) -> Future | None:
+        """Fill the masks of ``reqs`` on a worker thread; None when none is constrained."""
+        if all(r.grammar is None for r in reqs):
+            return None
+        if self._mask_pool is None:
+            self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="radixlm-mask")
+        return self._mask_pool.submit(self.bitmask, reqs, vocab_size)
 
     def bitmask(self, reqs: list[Req], vocab_size: int) -> torch.Tensor | None:
         if all(r.grammar is None for r in reqs):

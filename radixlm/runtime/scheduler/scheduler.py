@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import Future
 from typing import Any
 
 import torch
@@ -115,8 +116,13 @@ class Scheduler:
         plan = self._schedule()
         if plan.chunks:
             batch, rows = build_batch(plan, self.cache)
+            sampling = [
+                i.req for i in rows if i.sample_row is not None and i.req.params.max_new_tokens
+            ]
+            # NOTE: grammar masks are filled on a thread while the forward runs.
+            masks = self.grammars.start_bitmask(sampling, self.runner.config.vocab_size)
             logits = self.runner.forward(batch)
-            self._postprocess(plan, rows, logits)
+            self._postprocess(plan, rows, logits, masks)
         out, self.outbox = self.outbox, []
         return out
 
@@ -154,13 +160,15 @@ class Scheduler:
 
     # -- post-processing ----------------------------------------------------------------------
 
-    def _postprocess(self, plan: StepPlan, rows: list[LogitRows], logits: torch.Tensor) -> None:
+    def _postprocess(
+        self, plan: StepPlan, rows: list[LogitRows], logits: torch.Tensor, masks: Future | None
+    ) -> None:
         record_prompt_logprobs(rows, logits)
         for chunk in plan.chunks:
             chunk.req.kv_len += chunk.num_tokens
         sampled = [info for info in rows if info.sample_row is not None]
         if sampled:
-            self._sample(sampled, logits)
+            self._sample(sampled, logits, masks)
         for chunk in plan.chunks:
             req = chunk.req
             if req.finished:
@@ -171,7 +179,7 @@ class Scheduler:
                 self.cache.cache_prefix(req)
         self.stats.step(plan.num_tokens, len(sampled))
 
-    def _sample(self, sampled: list[LogitRows], logits: torch.Tensor) -> None:
+    def _sample(self, sampled: list[LogitRows], logits: torch.Tensor, masks: Future | None) -> None:
         reqs = [info.req for info in sampled]
         prefill_only = [r for r in reqs if r.params.max_new_tokens == 0]
         for req in prefill_only:
@@ -185,7 +193,11 @@ class Scheduler:
             SampleRow(r.params, r.input_ids, r.output_ids, self.stop.banned_ids(r)) for r in reqs
         ]
         top_n = max((r.logprob.top_n for r in reqs if r.logprob), default=0)
-        bitmask = self.grammars.bitmask(reqs, logits.shape[1])
+        bitmask = None
+        if masks is not None:
+            start = time.perf_counter()
+            bitmask = masks.result()
+            self.stats.mask_wait_s += time.perf_counter() - start
         result = sample(logits[index], rows, bitmask, top_n)
         now = time.monotonic()
         for i, req in enumerate(reqs):

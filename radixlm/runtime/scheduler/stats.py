@@ -17,6 +17,7 @@ class SchedulerStats:
     generated_tokens: int = 0
     prompt_tokens: int = 0
     retractions: int = 0
+    mask_wait_s: float = 0.0  # time sampling waited for grammar masks (filled during forwards)
     finished_by_reason: Counter = field(default_factory=Counter)
     _recent: deque = field(default_factory=lambda: deque(maxlen=64))  # (time, generated)
 
@@ -44,6 +45,7 @@ class SchedulerStats:
             "generated_tokens": self.generated_tokens,
             "prompt_tokens": self.prompt_tokens,
             "retractions": self.retractions,
+            "mask_wait_s": self.mask_wait_s,
             "finished_by_reason": dict(self.finished_by_reason),
             "gen_throughput": self.gen_throughput,
         }
