@@ -176,7 +176,9 @@ def launched(kind: str, model: str | None, extra: list[str]) -> Iterator[str]:
     elif importlib.util.find_spec("llama_cpp") is None:
         raise SystemExit("llama.cpp's server is missing: pip install 'llama-cpp-python[server]'")
     else:
-        cmd = [sys.executable, "-m", "llama_cpp.server", "--model", model, "--n_ctx", "4096"]
+        # NOTE: without --interrupt_requests False a new request cuts off the one streaming.
+        cmd = [sys.executable, "-m", "llama_cpp.server", "--model", model, "--n_ctx", "4096",
+               "--interrupt_requests", "False"]
     proc = subprocess.Popen([*cmd, "--host", "127.0.0.1", "--port", str(port), *extra])
     url = f"http://127.0.0.1:{port}"
     try:
