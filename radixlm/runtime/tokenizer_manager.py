@@ -199,13 +199,25 @@ class TokenizerManager:
 
     def _observe_timing(self, state: _ReqState, out: TextOut) -> None:
         now = time.monotonic()
-        if out.new_ids:
+        if out.new_ids and state.last_token_at is None and "first_token_latency" in out.meta:
+            self._observe_whole(state, out, now)
+        elif out.new_ids:
             first = state.last_token_at is None
             since = state.created if first else state.last_token_at
             self.on_timing("ttft" if first else "itl", now - since)
             state.last_token_at = now
         if out.finish is not None and out.finish.get("type") != "abort":
             self.on_timing("e2e", now - state.created)
+
+    def _observe_whole(self, state: _ReqState, out: TextOut, now: float) -> None:
+        """A non-streaming request's tokens arrive at once: its first-token time comes from the
+        scheduler, and each later token counts the mean inter-token gap."""
+        ttft = min(out.meta["first_token_latency"], now - state.created)
+        self.on_timing("ttft", ttft)
+        gaps = len(out.new_ids) - 1
+        for _ in range(gaps):
+            self.on_timing("itl", (now - state.created - ttft) / gaps)
+        state.last_token_at = now
 
     def _response(self, state: _ReqState) -> dict[str, Any]:
         meta = {"id": state.req.rid, "finish_reason": None, **state.meta}

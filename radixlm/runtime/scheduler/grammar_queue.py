@@ -60,7 +60,7 @@ class GrammarQueue:
             if error is not None:
                 message = f"{req.params.json_schema and 'json_schema' or 'constraint'}: {error}"
                 req.finish = {"type": "abort", "message": message, "error": "invalid_request"}
-                outbox.append(token_out(req, [], [], None))
+                outbox.append(token_out(req))
             else:
                 req.grammar = req.grammar.result().matcher()
         return [r for r in done if r.finish is None]

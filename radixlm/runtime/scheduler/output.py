@@ -70,8 +70,14 @@ def record_prompt_logprobs(rows: list[LogitRows], logits: torch.Tensor) -> None:
         info.req.logprob.prompt[info.prompt_positions[i]] = (chosen[k], entry)
 
 
-def token_out(req: Req, new_ids: list[int], logprobs: list[float], tops: list | None) -> TokenOut:
-    """The message for one request's progress in this step."""
+def token_out(req: Req) -> TokenOut:
+    """The message carrying what ``req`` produced since its last message.
+
+    NOTE: streaming requests get one per step; the others only one, when they finish, so a
+    long generation costs the other processes no wake-up per token.
+    """
+    new_ids = req.output_ids[req.sent_len :]
+    start, req.sent_len = req.sent_len, len(req.output_ids)
     meta: dict[str, Any] = {
         "prompt_tokens": len(req.input_ids),
         "completion_tokens": len(req.output_ids),
@@ -79,14 +85,16 @@ def token_out(req: Req, new_ids: list[int], logprobs: list[float], tops: list | 
     }
     lp = req.logprob
     if lp is not None:
-        meta["output_token_logprobs"] = [[p, t] for p, t in zip(logprobs, new_ids)]
+        meta["output_token_logprobs"] = [[p, t] for p, t in zip(lp.output[start:], new_ids)]
         if lp.top_n:
-            meta["output_top_logprobs"] = [[list(e) for e in row] for row in (tops or [])]
+            meta["output_top_logprobs"] = [[list(e) for e in row] for row in lp.output_top[start:]]
         if not lp.prompt_sent and lp.start_len >= 0:
             meta.update(_prompt_meta(req))
             lp.prompt_sent = True
     if req.finish is not None:
         meta["e2e_latency"] = time.monotonic() - req.created
+        if req.first_token_time is not None:
+            meta["first_token_latency"] = req.first_token_time - req.created
     p = req.params
     return TokenOut(
         rid=req.rid,

@@ -17,6 +17,8 @@ class LogprobState:
     top_n: int = 0
     prompt: dict[int, tuple[float, list[tuple[float, int]] | None]] = field(default_factory=dict)
     prompt_sent: bool = False
+    output: list[float] = field(default_factory=list)
+    output_top: list[list[tuple[float, int]]] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -39,6 +41,7 @@ class Req:
     slot: int | None = None  # row in req_to_token
     node: Any = None  # radix node locked for this request
     tree_len: int = 0  # leading tokens whose slots belong to the radix tree
+    sent_len: int = 0  # output tokens already sent to the detokenizer
     finish: dict[str, Any] | None = None
     grammar: Any = None  # Matcher, or a Future while compiling
     created: float = field(default_factory=time.monotonic)

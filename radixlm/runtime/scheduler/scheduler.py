@@ -92,7 +92,7 @@ class Scheduler:
         if error:
             req.finish["error"] = error
         self.stats.finished(req)
-        self.outbox.append(token_out(req, [], [], None))
+        self.outbox.append(token_out(req))
 
     def control(self, msg: ControlReq) -> ControlOut:
         if msg.kind == "flush_cache":
@@ -184,7 +184,7 @@ class Scheduler:
         prefill_only = [r for r in reqs if r.params.max_new_tokens == 0]
         for req in prefill_only:
             req.finish = {"type": "length", "length": 0}
-            self.outbox.append(token_out(req, [], [], None))
+            self.outbox.append(token_out(req))
         reqs = [r for r in reqs if r.params.max_new_tokens > 0]
         if not reqs:
             return
@@ -206,11 +206,18 @@ class Scheduler:
             new_ids = self.grammars.advance(req, token)
             req.output_ids.extend(new_ids)
             req.finish = self.stop.check(req, new_ids[-1])
-            tops = [result.top_logprobs[i][: req.logprob.top_n]] if result.top_logprobs else None
-            if len(new_ids) > 1 and tops:
-                tops += [[]] * (len(new_ids) - 1)
-            logprobs = [result.logprobs[i]] + [0.0] * (len(new_ids) - 1)
-            self.outbox.append(token_out(req, new_ids, logprobs, tops))
+            if req.logprob is not None:
+                self._record_logprobs(req, result, i, len(new_ids))
+            if req.stream or req.finish is not None:
+                self.outbox.append(token_out(req))
+
+    @staticmethod
+    def _record_logprobs(req: Req, result, row: int, num_new: int) -> None:
+        """Jump-forward tokens are forced: logprob 0 and no alternatives."""
+        lp = req.logprob
+        lp.output += [result.logprobs[row]] + [0.0] * (num_new - 1)
+        if lp.top_n:
+            lp.output_top += [result.top_logprobs[row][: lp.top_n]] + [[]] * (num_new - 1)
 
     # -- reporting ------------------------------------------------------------------------------
 
