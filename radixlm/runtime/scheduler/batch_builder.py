@@ -30,7 +30,7 @@ def build_batch(plan: StepPlan, cache: CacheManager) -> tuple[ForwardBatch, list
         req, n = chunk.req, chunk.num_tokens
         cache.assign(req, chunk.slots)
         start = len(input_ids)
-        input_ids.extend(req.fill_ids[req.kv_len : req.kv_len + n])
+        input_ids.extend(req.tokens(req.kv_len, req.kv_len + n))
         positions = _prompt_logprob_positions(req, n)
         info = LogitRows(req, positions, [], None)
         for q in positions:
