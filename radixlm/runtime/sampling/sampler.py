@@ -28,10 +28,18 @@ class SampleOutput:
 
 
 def sample(
-    logits: torch.Tensor, rows: list[SampleRow], bitmask: torch.Tensor | None = None, top_n: int = 0
+    logits: torch.Tensor,
+    rows: list[SampleRow],
+    bitmask: torch.Tensor | None = None,
+    top_n: int = 0,
+    with_logprobs: bool = True,
 ) -> SampleOutput:
-    """Pick one token per row. ``logits`` is ``[B, V]`` float32 and may be modified in place."""
-    logprobs_all = torch.log_softmax(logits, dim=-1)
+    """Pick one token per row. ``logits`` is ``[B, V]`` float32 and may be modified in place.
+
+    Without ``with_logprobs`` (and ``top_n``) no log-softmax over the vocabulary is computed and
+    ``logprobs`` is empty: a decode step that reports none skips a ``[B, V]`` pass.
+    """
+    logprobs_all = torch.log_softmax(logits, dim=-1) if with_logprobs or top_n else None
     logits = _apply_penalties(logits, rows)
     banned = [(i, r.banned_ids) for i, r in enumerate(rows) if r.banned_ids]
     if banned:
@@ -41,6 +49,8 @@ def sample(
 
         apply_bitmask(logits, bitmask)
     ids = _choose(logits, rows)
+    if logprobs_all is None:
+        return SampleOutput(ids.tolist(), [], None)
     chosen = logprobs_all.gather(1, ids[:, None]).squeeze(1)
     top = None
     if top_n > 0:

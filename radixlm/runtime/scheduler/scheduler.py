@@ -198,7 +198,8 @@ class Scheduler:
             start = time.perf_counter()
             bitmask = masks.result()
             self.stats.mask_wait_s += time.perf_counter() - start
-        result = sample(logits[index], rows, bitmask, top_n)
+        with_logprobs = any(r.logprob is not None for r in reqs)
+        result = sample(logits[index], rows, bitmask, top_n, with_logprobs)
         now = time.monotonic()
         for i, req in enumerate(reqs):
             token = result.token_ids[i]
