@@ -135,7 +135,9 @@ class Scheduler:
             self.args.chunked_prefill_size,
             self.args.max_running_requests,
         )
-        ordered = self.policy(self.waiting, self.cache) if self.waiting else []
+        # NOTE: ordering matches every waiting prompt against the tree; skip it when full.
+        room = len(self.running) < self.args.max_running_requests
+        ordered = self.policy(self.waiting, self.cache) if self.waiting and room else []
         admission.plan_prefills(self.running, ordered, self.cache, budget, plan)
         for req in plan.admitted:
             self.waiting.remove(req)
