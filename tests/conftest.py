@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -81,6 +82,16 @@ def tiny_model_factory(tmp_path_factory, smollm_tokenizer):
 @pytest.fixture(scope="session")
 def tiny_llama(tiny_model_factory) -> str:
     return tiny_model_factory("LlamaForCausalLM")
+
+
+@pytest.fixture(scope="session")
+def bare_llama(tiny_llama, tmp_path_factory) -> str:
+    """The tiny Llama's config and weights without its tokenizer files."""
+    path = tmp_path_factory.mktemp("bare-llama")
+    for name in os.listdir(tiny_llama):
+        if name in ("config.json", "generation_config.json") or name.endswith(".safetensors"):
+            shutil.copy(os.path.join(tiny_llama, name), path)
+    return str(path)
 
 
 @pytest.fixture(scope="session")

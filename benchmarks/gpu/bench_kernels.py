@@ -263,12 +263,6 @@ def _split_mixed_ms(device, q, kv, prefixes: list[int], extends: list[int]) -> f
     return timed_ms(both, device)
 
 
-# --- End-to-end Engine benchmark: the lead adds it here (decode/prefill throughput through
-# radixlm.runtime.Engine with --load-format dummy). Return a dict; keep imports local to it. ---
-def engine_e2e(device, smoke: bool) -> dict:
-    return {"status": "not implemented yet"}
-
-
 def _num_sms(device) -> int:
     if device.type != "cuda":
         return 8
@@ -285,7 +279,6 @@ def run(args: argparse.Namespace) -> dict:
         "correctness": lambda: correctness(device, args.smoke),
         "decode_bandwidth": lambda: decode_bandwidth(device, args.smoke),
         "extend_speed": lambda: extend_speed(device, args.smoke),
-        "engine_e2e": lambda: engine_e2e(device, args.smoke),
     }
     for name, fn in sections.items():
         start = time.perf_counter()

@@ -91,6 +91,8 @@ class ServerArgs:
 
     model_path: str | None = None
     tokenizer_path: str | None = None
+    # NOTE: no tokenizer anywhere: prompts are input_ids, outputs are output_ids with text "".
+    skip_tokenizer_init: bool = False
     load_format: str = "auto"
     dtype: str = "auto"
     device: str = "auto"
@@ -111,6 +113,7 @@ class ServerArgs:
     # and no whitespace for a small model to loop on. "[ ]?" allows a space after : and ,.
     constrained_json_whitespace_pattern: str = ""
     disable_cuda_graph: bool = False
+    cuda_graph_max_bs: int = 256  # decode batches up to this size replay captured graphs
     tp_size: int = 1
     dp_size: int = 1
     load_balance_method: str = "cache_aware"
@@ -136,6 +139,7 @@ class ServerArgs:
             "tp_size",
             "dp_size",
             "page_size",
+            "cuda_graph_max_bs",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -1,7 +1,8 @@
 """The detokenizer process: token ids in, text out, never half a UTF-8 character.
 
 Streaming requests get text every step; others only when they finish. Stop strings are trimmed
-from the text (unless ``no_stop_trim``).
+from the text (unless ``no_stop_trim``). Without a tokenizer (``skip_tokenizer_init``) the ids
+pass through and the text stays empty.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class Detokenizer:
         state = self.states.setdefault(out.rid, _State())
         state.ids.extend(out.new_ids)
         text = ""
-        if out.stream or out.finish is not None:
+        if (out.stream or out.finish is not None) and self.tokenizer is not None:
             text = self._delta(state, out)
         if out.finish is not None:
             del self.states[out.rid]

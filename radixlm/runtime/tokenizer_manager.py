@@ -46,6 +46,14 @@ class _ReqState:
     last_token_at: float | None = None
 
 
+def _check_without_tokenizer(req: SingleRequest, params: SamplingParams) -> None:
+    if req.text is not None:
+        raise ValueError(
+            "text is unavailable with skip_tokenizer_init (no tokenizer is loaded): pass input_ids"
+        )
+    params.check_without_tokenizer()
+
+
 class TokenizerManager:
     def __init__(self, args: ServerArgs, ports: ipc.PortArgs, tokenizer, info: dict) -> None:
         self.args = args
@@ -73,6 +81,8 @@ class TokenizerManager:
     def prepare(self, req: SingleRequest) -> GenerateReq:
         """Tokenise and validate; raises ValueError naming the problem."""
         params = SamplingParams.from_dict(req.sampling)
+        if self.tokenizer is None:
+            _check_without_tokenizer(req, params)
         ids = req.input_ids if req.input_ids is not None else self.tokenizer.encode(req.text)
         if not ids:
             raise ValueError("the prompt is empty")
@@ -237,7 +247,7 @@ class TokenizerManager:
 
     def _with_text(self, entries: list, with_text: bool) -> list:
         return [
-            [lp, tid, self.tokenizer.decode([tid]) if with_text else None]
+            [lp, tid, self.tokenizer.decode([tid]) if with_text and self.tokenizer else None]
             for lp, tid, *_ in entries
         ]
 

@@ -22,6 +22,7 @@ HELP = {
     "api_key": "require 'Authorization: Bearer KEY' on every route but /health*",
     "served_model_name": "the model name clients use (default: the model path)",
     "chat_template": "Jinja chat template, or a file holding one (default: the model's)",
+    "skip_tokenizer_init": "load no tokenizer: prompts must be token ids, outputs are token ids",
 }
 CHOICES = {"dtype": DTYPES, "load_format": LOAD_FORMATS, "schedule_policy": SCHEDULE_POLICIES}
 

@@ -90,8 +90,8 @@ async def get_model_info(request: Request) -> dict[str, Any]:
         "served_model_name": state.served_model_name,
         "context_length": state.context_len,
         "chat_template": state.chat_template or getattr(state.tokenizer, "chat_template", None),
-        "bos_token": state.tokenizer.bos_token,
-        "eos_token": state.tokenizer.eos_token,
+        "bos_token": getattr(state.tokenizer, "bos_token", None),
+        "eos_token": getattr(state.tokenizer, "eos_token", None),
     }
 
 
@@ -128,7 +128,7 @@ async def abort_request(body: AbortRequest, request: Request) -> dict[str, Any]:
 @router.post("/tokenize")
 async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
     state = server_state(request)
-    tokens = state.tokenizer.encode(body.text, add_special_tokens=body.add_special_tokens)
+    tokens = _tokenizer(state).encode(body.text, add_special_tokens=body.add_special_tokens)
     return {"tokens": tokens, "count": len(tokens), "max_model_len": state.context_len}
 
 
@@ -138,8 +138,14 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> dict[str, Any
     vocab = state.runtime.backend.info["vocab_size"]
     if any(t < 0 or t >= vocab for t in body.tokens):
         raise APIError(400, f"tokens must be token ids in [0, {vocab})", param="tokens")
-    text = state.tokenizer.decode(body.tokens, skip_special_tokens=body.skip_special_tokens)
+    text = _tokenizer(state).decode(body.tokens, skip_special_tokens=body.skip_special_tokens)
     return {"text": text}
+
+
+def _tokenizer(state: ServerState):
+    if state.tokenizer is None:
+        raise APIError(400, "the server runs with --skip-tokenizer-init and has no tokenizer")
+    return state.tokenizer
 
 
 @router.get("/metrics")

@@ -89,6 +89,11 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     """Chat completion through the model's chat template (or ``--chat-template``)."""
     try:
         state = server_state(request)
+        if state.tokenizer is None:
+            raise ValueError(
+                "messages are unavailable: the server runs with --skip-tokenizer-init (no "
+                "tokenizer for the chat template); send token ids to /v1/completions"
+            )
         obj = fmt.chat_input(body, state.tokenizer, state.chat_template)
         call = _start(request, body, obj, "chat")
         if body.stream:
@@ -103,7 +108,21 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
 def _start(request: Request, body: SamplingFields, obj: GenerateInput, kind: str) -> _Call:
     state = server_state(request)
     state.check_model(body.model)
+    if state.tokenizer is None:
+        _check_token_ids_only(body, obj)
     return _Call(state, body, obj.split(), kind)
+
+
+def _check_token_ids_only(body: SamplingFields, obj: GenerateInput) -> None:
+    """Without a tokenizer (``--skip-tokenizer-init``) no text goes in or is echoed back."""
+    if obj.text is not None:
+        raise ValueError(
+            "prompt must be token ids: the server runs with --skip-tokenizer-init (no tokenizer)"
+        )
+    if getattr(body, "echo", False):
+        raise ValueError(
+            "echo is unavailable: the server runs with --skip-tokenizer-init (no tokenizer)"
+        )
 
 
 async def _finished(request: Request, call: _Call) -> list[dict]:

@@ -31,7 +31,7 @@ class ForwardBatch:
 
     @property
     def batch_size(self) -> int:
-        return len(self.seq_lens_list)
+        return self.req_slots.shape[0]
 
     @property
     def is_decode(self) -> bool:

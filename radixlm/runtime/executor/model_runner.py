@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 
@@ -11,6 +12,7 @@ from radixlm.runtime.distributed.batch_sync import broadcast_batch, broadcast_st
 from radixlm.runtime.distributed.parallel import RankInfo, init_tp_group, resolve_device
 from radixlm.runtime.distributed.shard import local_heads, shard_model
 from radixlm.runtime.executor.attention.base import create_attention_backend
+from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.loader.loader import load_model, resolve_dtype
 from radixlm.runtime.mem_cache.memory_pool import KVPool, ReqToTokenPool
@@ -52,6 +54,8 @@ class ModelRunner:
             num_kv_heads=num_kv_heads,
             head_dim=c.head_dim,
         )
+        self.model.rotary.build(self.context_len + 1, self.dtype, self.device)
+        self.graph_runner = self._capture_graphs(args)
 
     def _load(self, args: ServerArgs) -> None:
         loaded = load_model(args, torch.device("cpu") if self.tp else self.device, self.dtype)
@@ -65,8 +69,29 @@ class ModelRunner:
         """Logits ``[len(batch.logits_indices), vocab]`` in float32."""
         if self.tp is not None and self.tp.is_driver:
             broadcast_batch(self.tp, batch)
+        if self.graph_runner is not None and self.graph_runner.can_run(batch):
+            return self.graph_runner.forward(batch)
         self.backend.prepare(batch)
         return self.model(batch, self.backend)
+
+    def _capture_graphs(self, args: ServerArgs) -> CudaGraphRunner | None:
+        """CUDA graphs for decode batches, on CUDA with a backend that supports them."""
+        if args.disable_cuda_graph or self.device.type != "cuda":
+            return None
+        if not self.backend.supports_cuda_graph:
+            logger.info("attention backend %s: no CUDA graphs", self.attention_backend_name)
+            return None
+        start = time.perf_counter()
+        runner = CudaGraphRunner(
+            self.model, self.backend, self.req_pool.table,
+            max_bs=min(args.cuda_graph_max_bs, args.max_running_requests),
+            max_seq_len=self.context_len,
+        )  # fmt: skip
+        logger.info(
+            "captured %d decode CUDA graphs (batch 1..%d) in %.1f s",
+            len(runner.graphs), runner.max_bs, time.perf_counter() - start,
+        )  # fmt: skip
+        return runner
 
     def close(self) -> None:
         """Release the other ranks (from rank 0) and leave the process group."""

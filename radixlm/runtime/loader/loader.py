@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
 import logging
@@ -94,21 +95,35 @@ def load_model(args: ServerArgs, device: torch.device, dtype: torch.dtype) -> Lo
     """Build the model for ``args`` on ``device`` and fill its weights, showing progress."""
     config, path, fmt = load_config(args)
     tokenizer = load_tokenizer(args, path, fmt)
-    eos = set(config.eos_token_ids) | ({tokenizer.eos_token_id} - {None})
+    eos = set(config.eos_token_ids) | ({getattr(tokenizer, "eos_token_id", None)} - {None})
     config = config.with_overrides(eos_token_ids=tuple(sorted(eos)))
     model_cls = get_model_class(config.architecture)
     torch.manual_seed(args.random_seed)
-    with torch.device("cpu"):
+    # NOTE: built where it will run, in its dtype: an 8B model never exists in float32 on the
+    # host, and checkpoint tensors are cast and moved as they are copied in.
+    with torch.device(device), _default_dtype(dtype):
         model = model_cls(config)
     if args.load_format == "dummy":
         _init_dummy(model)
     else:
         model.load_weights(_progress(_weights(path, fmt, config), path, fmt))
-    model = model.to(device=device, dtype=dtype).eval()
-    return LoadedModel(model, config, tokenizer, path)
+    return LoadedModel(model.eval(), config, tokenizer, path)
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype):
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
 
 
 def load_tokenizer(args: ServerArgs, path: str, fmt: str):
+    """The Hugging Face tokenizer for the model; None with ``skip_tokenizer_init``."""
+    if args.skip_tokenizer_init:
+        return None
     from transformers import AutoTokenizer
 
     if args.tokenizer_path:

@@ -49,25 +49,39 @@ def _llama3_scale(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    """Neox-style rotary embedding (rotate halves), as Hugging Face Llama and Qwen apply it."""
+    """Neox-style rotary embedding (rotate halves), as Hugging Face Llama and Qwen apply it.
+
+    The cos/sin table is computed in float32 from float32 frequencies (kept out of the module's
+    buffers, so ``model.to(bfloat16)`` cannot round them) and cast once. ``build`` sizes it for
+    the context length up front, so a forward pass only indexes it: no size check, no host sync
+    (what a CUDA graph needs)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
-        self._cache: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.inv_freq = rope_inv_freq(config)
+        self._table: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._sized = False
+
+    def build(self, num_positions: int, dtype: torch.dtype, device: torch.device) -> None:
+        """Fix the table at ``num_positions`` rows; positions beyond it are the caller's bug."""
+        self._table = self._make(num_positions, dtype, device)
+        self._sized = True
+
+    def _make(self, n: int, dtype: torch.dtype, device: torch.device) -> tuple:
+        positions = torch.arange(n, dtype=torch.float32, device=self.inv_freq.device)
+        freqs = torch.outer(positions, self.inv_freq)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return emb.cos().to(device, dtype), emb.sin().to(device, dtype)
 
     def cos_sin(
         self, positions: torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        need = int(positions.max()) + 1 if positions.numel() else 1
-        if self._cache is None or self._cache[0].shape[0] < need or self._cache[0].dtype != dtype:
-            n = max(need, 4096)
-            freqs = torch.outer(
-                torch.arange(n, dtype=torch.float32, device=positions.device), self.inv_freq
-            )
-            emb = torch.cat([freqs, freqs], dim=-1)
-            self._cache = (emb.cos().to(dtype), emb.sin().to(dtype))
-        cos, sin = self._cache
+        if not self._sized:  # NOTE: a model used without build() (tests) grows on demand.
+            need = max(int(positions.max()) + 1 if positions.numel() else 1, 4096)
+            t = self._table
+            if t is None or t[0].shape[0] < need or t[0].dtype != dtype:
+                self._table = self._make(need, dtype, positions.device)
+        cos, sin = self._table
         return cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
 
 

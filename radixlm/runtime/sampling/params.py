@@ -98,6 +98,19 @@ class SamplingParams:
         if constraint is not None and constraint[0] == "regex":
             check_regex(constraint[1])
 
+    def check_without_tokenizer(self) -> None:
+        """Raise for the fields that only work with a tokenizer (``skip_tokenizer_init``)."""
+        if self.stop:
+            raise ValueError(
+                "stop is unavailable with skip_tokenizer_init (no tokenizer to match strings "
+                "with): use stop_token_ids"
+            )
+        for name in ("regex", "json_schema", "choices"):
+            if getattr(self, name) is not None:
+                raise ValueError(
+                    f"{name} is unavailable with skip_tokenizer_init (a grammar needs a tokenizer)"
+                )
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

@@ -22,6 +22,7 @@ class GrammarQueue:
 
     @property
     def compiler(self):
+        # NOTE: without a tokenizer (skip_tokenizer_init) grammars are refused on arrival.
         if self._compiler is None:
             from radixlm.runtime.constrained.base import create_grammar_backend
             from radixlm.runtime.constrained.compiler import GrammarCompiler

@@ -40,6 +40,7 @@ class StopChecker:
         return None
 
     def _stop_string(self, req: Req) -> str | None:
+        # NOTE: without a tokenizer (skip_tokenizer_init) stop strings are refused on arrival.
         window = max(len(s) for s in req.params.stop) + 8
         tail = self.tokenizer.decode(req.output_ids[-window:], skip_special_tokens=False)
         hits = [(tail.find(s), s) for s in req.params.stop if s in tail]

@@ -60,6 +60,8 @@ class Scheduler:
     def add_request(self, msg: GenerateReq) -> None:
         try:
             params = SamplingParams.from_dict(msg.sampling)
+            if self.runner.tokenizer is None:
+                params.check_without_tokenizer()
         except ValueError as e:
             req = Req(msg.rid, list(msg.input_ids), SamplingParams())
             return self._finish_now(req, str(e), error="invalid_request")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -37,8 +38,16 @@ class AttentionBackend(ABC):
         self.head_dim = head_dim
         self.scale = head_dim**-0.5
 
+    supports_cuda_graph = False
+
     def prepare(self, batch: ForwardBatch) -> None:
         return None
+
+    def graph_meta(self, batch_size: int, max_seq_len: int) -> Any:
+        """Attention metadata for a captured decode graph of ``batch_size`` rows, in place of
+        ``prepare``: fixed launch shapes and buffers, valid for any sequence length up to
+        ``max_seq_len``. Only backends with ``supports_cuda_graph`` implement it."""
+        raise NotImplementedError(f"{type(self).__name__} cannot run inside a CUDA graph")
 
     @abstractmethod
     def forward(

@@ -36,6 +36,8 @@ class TritonAttnMeta:
 class TritonAttentionBackend(AttentionBackend):
     """Attention with the Triton kernels of :mod:`radixlm.kernels` (CUDA, or the interpreter)."""
 
+    supports_cuda_graph = True
+
     def __init__(self, kv_pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
         super().__init__(kv_pool, num_heads, num_kv_heads, head_dim)
         if num_heads % num_kv_heads != 0:
@@ -60,12 +62,17 @@ class TritonAttentionBackend(AttentionBackend):
             )
 
     def _prepare_decode(self, batch: ForwardBatch) -> TritonAttnMeta:
-        splits = choose_num_kv_splits(
-            batch.batch_size, self.num_kv_heads, max(batch.seq_lens_list, default=1), self.num_sms
-        )
-        scratch = alloc_decode_scratch(
-            batch.batch_size, self.num_heads, self.head_dim, splits, batch.seq_lens.device
-        )
+        return self._decode_meta(batch.batch_size, max(batch.seq_lens_list, default=1))
+
+    def graph_meta(self, batch_size: int, max_seq_len: int) -> TritonAttnMeta:
+        # NOTE: the kernel sizes each split from the request's own length, so splits chosen for
+        # the longest possible sequence stay correct (if partly idle) for short ones.
+        return self._decode_meta(batch_size, max_seq_len)
+
+    def _decode_meta(self, batch_size: int, max_seq_len: int) -> TritonAttnMeta:
+        splits = choose_num_kv_splits(batch_size, self.num_kv_heads, max_seq_len, self.num_sms)
+        device = self.kv_pool.k[0].device
+        scratch = alloc_decode_scratch(batch_size, self.num_heads, self.head_dim, splits, device)
         return TritonAttnMeta(is_decode=True, num_kv_splits=splits, scratch=scratch)
 
     def forward(
