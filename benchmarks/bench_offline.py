@@ -1,6 +1,8 @@
-"""Offline decode speed: the Engine (bf16, fp32) against Hugging Face ``generate()`` (fp32, bf16).
+"""Offline decode speed: the Engine (bf16, fp32) against Hugging Face ``generate()`` (fp32, bf16)
+and llama.cpp (the same Q4_1 GGUF, through llama-cpp-python).
 
-Single-stream decode tok/s and batch-32 aggregate throughput on the embedded SmolLM2.
+Single-stream decode tok/s and batch-32 aggregate throughput on the embedded SmolLM2 (llama.cpp's
+Python API generates one sequence at a time, so its batch is the prompts one after another).
 Run: ``.venv/bin/python benchmarks/bench_offline.py [--new-tokens 128] [--batch 32]``
 """
 
@@ -59,6 +61,29 @@ def hf_single(dtype: torch.dtype, new_tokens: int) -> float:
     return (out.shape[1] - ids.shape[1]) / elapsed
 
 
+def llamacpp_runs(new_tokens: int, batch: int) -> dict[str, float] | None:
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None
+    from radixlm.runtime.loader.loader import default_model_path
+
+    llm = Llama(model_path=default_model_path(), n_ctx=1024, n_threads=os.cpu_count(),
+                verbose=False)  # fmt: skip
+    # NOTE: EOS banned so every run makes new_tokens tokens, like ignore_eos.
+    p = {"max_tokens": new_tokens, "temperature": 0.0, "logit_bias": {llm.token_eos(): -1e9}}
+
+    def tokens(prompt: str) -> int:
+        return llm(prompt, **p)["usage"]["completion_tokens"]
+
+    tokens(PROMPT)  # warm-up
+    start = time.perf_counter()
+    single = tokens(PROMPT + " ") / (time.perf_counter() - start)
+    start = time.perf_counter()
+    total = sum(tokens(f"{PROMPT} Variation {i}.") for i in range(batch))
+    return {"single_tok_s": single, f"batch{batch}_tok_s": total / (time.perf_counter() - start)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--new-tokens", type=int, default=128)
@@ -71,6 +96,10 @@ def main() -> None:
     for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
         log(f"HF generate {name}")
         results[f"hf_{name}"] = {"single_tok_s": hf_single(dtype, args.new_tokens)}
+    log("llama.cpp")
+    llamacpp = llamacpp_runs(args.new_tokens, args.batch)
+    if llamacpp is not None:
+        results["llama_cpp_q4_1"] = llamacpp
     hf = results["hf_float32"]["single_tok_s"]
     best = max(results[k]["single_tok_s"] for k in results if k.startswith("radixlm"))
     batch_key = f"batch{args.batch}_tok_s"
@@ -80,6 +109,9 @@ def main() -> None:
         "single_vs_best_hf": best / max(r["single_tok_s"] for k, r in results.items() if "hf" in k),
         f"batch{args.batch}_vs_hf_single": best_batch / hf,
     }
+    if llamacpp is not None:
+        ratios["single_vs_llama_cpp"] = best / llamacpp["single_tok_s"]
+        ratios[f"batch{args.batch}_vs_llama_cpp"] = best_batch / llamacpp[batch_key]
     save("bench_offline", {"args": vars(args), "results": results, "ratios": ratios})
     labels, values = [], []
     for k, r in results.items():
@@ -88,10 +120,15 @@ def main() -> None:
             values.append(v)
     bar_chart("bench_offline", labels, values, "tokens / s", "Offline decode, SmolLM2-135M, CPU")
     batch_ratio = ratios[f"batch{args.batch}_vs_hf_single"]
+    vs_cpp = (
+        f", vs llama.cpp {ratios['single_vs_llama_cpp']:.2f}x single, "
+        f"{ratios[f'batch{args.batch}_vs_llama_cpp']:.2f}x batch"
+        if llamacpp is not None else ""
+    )  # fmt: skip
     print(
         f"bench_offline: single {best:.1f} tok/s ({ratios['single_vs_hf_fp32']:.2f}x HF fp32, "
         f"{ratios['single_vs_best_hf']:.2f}x best HF), batch-{args.batch} {best_batch:.1f} tok/s "
-        f"({batch_ratio:.2f}x HF single)"
+        f"({batch_ratio:.2f}x HF single){vs_cpp}"
     )
 
 

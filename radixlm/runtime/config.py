@@ -83,6 +83,7 @@ SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs", "lof", "random")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 LOAD_BALANCE_METHODS = ("cache_aware", "round_robin", "least_load")
+QUANTIZATIONS = ("auto", "none", "int4")
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,10 @@ class ServerArgs:
     # NOTE: no tokenizer anywhere: prompts are input_ids, outputs are output_ids with text "".
     skip_tokenizer_init: bool = False
     load_format: str = "auto"
+    # NOTE: int4 = an int4 copy of the layer weights for CPU decode steps of <= 8 tokens (bf16
+    # for the rest); auto = int4 when a GGUF checkpoint is itself 4-bit and the engine runs bf16
+    # on CPU, else none.
+    quantization: str = "auto"
     dtype: str = "auto"
     device: str = "auto"
     context_length: int | None = None
@@ -131,6 +136,7 @@ class ServerArgs:
     def __post_init__(self) -> None:
         _check_choice("dtype", self.dtype, DTYPES)
         _check_choice("load_format", self.load_format, LOAD_FORMATS)
+        _check_choice("quantization", self.quantization, QUANTIZATIONS)
         _check_choice("schedule_policy", self.schedule_policy, SCHEDULE_POLICIES)
         _check_choice("load_balance_method", self.load_balance_method, LOAD_BALANCE_METHODS)
         for name in (

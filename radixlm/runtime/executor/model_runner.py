@@ -16,6 +16,7 @@ from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.loader.loader import load_model, resolve_dtype
 from radixlm.runtime.mem_cache.memory_pool import KVPool, ReqToTokenPool
+from radixlm.runtime.models.quant import MAX_INT4_ROWS, apply_int4_decode, int4_available
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +64,23 @@ class ModelRunner:
         self.model_path = loaded.model_path
         if self.tp is not None:
             self.model = shard_model(self.model, self.tp).to(self.device)
+        self.int4_decode = self._wants_int4(args, loaded.four_bit_checkpoint)
+        if self.int4_decode:
+            count = apply_int4_decode(self.model)
+            logger.info("int4 weight copies for decode steps of <= %d tokens: %d layers",
+                        MAX_INT4_ROWS, count)  # fmt: skip
+
+    def _wants_int4(self, args: ServerArgs, four_bit_checkpoint: bool) -> bool:
+        if args.quantization == "none":
+            return False
+        fits = (self.device.type == "cpu" and self.dtype == torch.bfloat16 and self.tp is None
+                and int4_available())  # fmt: skip
+        if args.quantization == "int4" and not fits:
+            raise ValueError(
+                "quantization='int4' runs on CPU in bfloat16 without tensor parallelism "
+                f"(device {self.device.type}, dtype {self.dtype}, tp_size {args.tp_size})"
+            )
+        return fits and (args.quantization == "int4" or four_bit_checkpoint)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:

@@ -28,6 +28,7 @@ class LoadedModel:
     config: ModelConfig
     tokenizer: Any
     model_path: str
+    four_bit_checkpoint: bool = False
 
 
 def default_model_path() -> str:
@@ -107,7 +108,8 @@ def load_model(args: ServerArgs, device: torch.device, dtype: torch.dtype) -> Lo
         _init_dummy(model)
     else:
         model.load_weights(_progress(_weights(path, fmt, config), path, fmt))
-    return LoadedModel(model.eval(), config, tokenizer, path)
+    four_bit = fmt == "gguf" and gguf_loader.is_four_bit(gguf_loader.open_gguf(path))
+    return LoadedModel(model.eval(), config, tokenizer, path, four_bit)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,81 @@
+"""Weight-only int4 for the few-row matmuls of CPU decode steps.
+
+A decode step of one or a few requests multiplies a handful of rows by every weight matrix: its
+time is the time to read the weights. :class:`Int4DecodeLinear` keeps an int4 copy of a layer's
+weight (groups of 32 along the input dimension, a scale and an offset per group: the layout of
+GGUF's Q4_1) and uses it for steps of at most ``MAX_INT4_ROWS`` tokens, a quarter of the bytes of
+bf16. Larger steps (prefill, big decode batches), which are compute-bound and for which torch's
+int4 kernel is slower than bf16 GEMM, keep using the bf16 weight.
+
+For a GGUF checkpoint that is itself 4-bit, the int4 copy re-derives the checkpoint's own codes
+from the dequantised weights (a Q4_1 block's minimum and maximum are exactly codes 0 and 15), so
+it is that checkpoint, not a further approximation of it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+GROUP = 32
+MAX_INT4_ROWS = 8
+LINEAR_NAMES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+
+
+def int4_available() -> bool:
+    return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
+
+
+def int4_fits(weight: torch.Tensor) -> bool:
+    """The kernel's layout: outputs a multiple of 16, inputs a multiple of the group."""
+    return weight.dim() == 2 and weight.shape[0] % 16 == 0 and weight.shape[1] % GROUP == 0
+
+
+def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``weight [N, K]`` -> (packed codes for ``_weight_int4pack_mm_for_cpu``, scales and
+    offsets ``[K / GROUP, N, 2]`` in the weight's dtype) with ``w = (q - 8) * scale + offset``."""
+    if not int4_fits(weight):
+        raise ValueError(f"int4 needs [16n, {GROUP}k] weights, got {tuple(weight.shape)}")
+    n, k = weight.shape
+    groups = weight.float().reshape(n, k // GROUP, GROUP)
+    low, high = groups.amin(-1), groups.amax(-1)
+    scale = ((high - low) / 15).clamp(min=1e-10)
+    codes = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+        codes.to(torch.int32).reshape(n, k), 1
+    )
+    scale_offset = torch.stack([scale.t(), (low + 8 * scale).t()], dim=-1)
+    return packed, scale_offset.to(weight.dtype).contiguous()
+
+
+class Int4DecodeLinear(nn.Module):
+    """An ``nn.Linear`` with an int4 copy of its weight for steps of few rows (see module)."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.weight, self.bias = linear.weight, linear.bias
+        packed, scale_offset = quantize_int4(linear.weight.detach())
+        self.register_buffer("packed", packed, persistent=False)
+        self.register_buffer("scale_offset", scale_offset, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2 and x.shape[0] <= MAX_INT4_ROWS and x.dtype == self.scale_offset.dtype:
+            out = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                x.contiguous(), self.packed, GROUP, self.scale_offset
+            )
+            return out if self.bias is None else out + self.bias
+        return F.linear(x, self.weight, self.bias)
+
+
+def apply_int4_decode(model: nn.Module) -> int:
+    """Give every decoder-layer projection an int4 copy for decode; returns how many (a shape
+    the kernel cannot take keeps only its bf16 weight)."""
+    count = 0
+    for module in list(model.modules()):
+        for name in LINEAR_NAMES:
+            child = getattr(module, name, None)
+            if type(child) is nn.Linear and int4_fits(child.weight):
+                setattr(module, name, Int4DecodeLinear(child))
+                count += 1
+    return count

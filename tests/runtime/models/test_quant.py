@@ -1,0 +1,83 @@
+"""Int4 decode copies: a Q4_1-structured weight comes back exactly; routing by step size."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.models.quant import (
+    GROUP,
+    MAX_INT4_ROWS,
+    Int4DecodeLinear,
+    apply_int4_decode,
+    int4_available,
+)
+
+pytestmark = pytest.mark.skipif(not int4_available(), reason="torch lacks the CPU int4 kernel")
+
+
+def q4_1_weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
+    """Blocks of 32 holding ``d * q + m`` with every code 0..15 present (as Q4_1 stores them)."""
+    gen = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 16, (n, k // GROUP, GROUP), generator=gen)
+    codes[..., 0], codes[..., 1] = 0, 15
+    d = (torch.rand(n, k // GROUP, 1, generator=gen) * 0.01 + 0.001).bfloat16().float()
+    m = (-8 * d + torch.randn(n, k // GROUP, 1, generator=gen) * 0.001).bfloat16().float()
+    return (codes * d + m).reshape(n, k).bfloat16()
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_int4_copy_reproduces_a_q4_1_weight(bias):
+    linear = nn.Linear(96, 48, bias=bias, dtype=torch.bfloat16)
+    with torch.no_grad():
+        linear.weight.copy_(q4_1_weight(48, 96))
+    int4 = Int4DecodeLinear(linear)
+    for rows in (1, 3, MAX_INT4_ROWS):
+        x = torch.randn(rows, 96).bfloat16()
+        want = x.float() @ linear.weight.float().t() + (linear.bias.float() if bias else 0)
+        got = int4(x).float()
+        assert (got - want).abs().max() <= 0.01 * want.abs().max()
+
+
+def test_larger_steps_use_the_bf16_weight():
+    linear = nn.Linear(64, 32, dtype=torch.bfloat16)
+    int4 = Int4DecodeLinear(linear)
+    x = torch.randn(MAX_INT4_ROWS + 1, 64).bfloat16()
+    assert torch.equal(int4(x), F.linear(x, linear.weight, linear.bias))
+
+
+def test_shapes_the_kernel_cannot_take_keep_bf16_only():
+    model = nn.Module()
+    model.o_proj = nn.Linear(64, 40, dtype=torch.bfloat16)  # 40 outputs: not a multiple of 16
+    model.down_proj = nn.Linear(48, 32, dtype=torch.bfloat16)  # 48 inputs: not groups of 32
+    assert apply_int4_decode(model) == 0 and type(model.o_proj) is nn.Linear
+
+
+def test_apply_int4_decode_covers_every_projection_and_not_the_head(tiny_llama):
+    from radixlm.runtime.loader.loader import load_model
+
+    loaded = load_model(ServerArgs(model_path=tiny_llama), torch.device("cpu"), torch.bfloat16)
+    assert apply_int4_decode(loaded.model) == 4 * loaded.config.num_layers
+    assert type(loaded.model.lm_head) is nn.Linear
+    assert not loaded.four_bit_checkpoint
+
+
+def test_quantization_is_validated(tiny_llama):
+    from radixlm.runtime.executor.model_runner import ModelRunner
+
+    with pytest.raises(ValueError, match="quantization"):
+        ServerArgs(quantization="int8")
+    with pytest.raises(ValueError, match="quantization='int4'"):
+        ModelRunner(ServerArgs(model_path=tiny_llama, dtype="float32", quantization="int4"))
+
+
+def test_auto_follows_a_four_bit_gguf(smollm_path):
+    from radixlm.runtime.executor.model_runner import ModelRunner
+
+    base = dict(device="cpu", max_total_tokens=256)
+    assert ModelRunner(ServerArgs(**base, dtype="bfloat16")).int4_decode
+    assert not ModelRunner(ServerArgs(**base, dtype="bfloat16", quantization="none")).int4_decode
+    assert not ModelRunner(ServerArgs(**base, dtype="float32")).int4_decode
