@@ -73,9 +73,16 @@ def write_random_model(path: Path, shape: dict) -> Path:
 
 
 class Bench:
-    def __init__(self, smoke: bool) -> None:
+    """Runs the parts, writing the JSON after every engine so a timeout loses only the last."""
+
+    def __init__(self, smoke: bool, out: Path, result: dict) -> None:
         self.smoke = smoke
         self.rng = random.Random(0)
+        self.out, self.result = out, result
+
+    def save(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "gpu_engine.json").write_text(json.dumps(self.result, indent=2))
 
     def engine(self, model_dir: Path, **options):
         from radixlm.runtime.engine import Engine
@@ -117,55 +124,72 @@ class Bench:
         ms = statistics.median(times) * 1e3
         return {"prompt_len": length, "ms": round(ms, 2), "tok_s": round(length / ms * 1e3, 1)}
 
-    def llama3_8b(self, tmp: Path) -> dict:
+    def llama3_8b(self, tmp: Path) -> None:
         model_dir = write_config(tmp / "tiny", TINY_SHAPE) if self.smoke else LLAMA3_8B
         vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
         batches = [1, 4] if self.smoke else [1, 32, 256]
         steps = {1: 128, 32: 128, 256: 64} if not self.smoke else {1: 8, 4: 8}
         prompt_len, prefill_len = (16, 256) if self.smoke else (128, 4096)
-        result: dict = {"model": "llama3-8b-shaped dummy" if not self.smoke else "tiny dummy",
-                        "dtype": "bfloat16"}  # fmt: skip
+        result = self.result["llama3_8b"] = {
+            "model": "tiny dummy" if self.smoke else "llama3-8b-shaped dummy", "dtype": "bfloat16",
+        }  # fmt: skip
         for graphs in (True, False):
             name = "cuda_graphs" if graphs else "no_cuda_graphs"
             start = time.perf_counter()
-            with self.engine(model_dir, load_format="dummy", dtype="bfloat16",
-                             disable_cuda_graph=not graphs) as eng:  # fmt: skip
-                result[f"{name}_start_s"] = round(time.perf_counter() - start, 1)
-                self.timed(eng, self.prompts(2, prompt_len, vocab), 4)  # warm-up (JIT, autotune)
-                rows = []
-                for b in batches if graphs else batches[:2]:
-                    rows.append(self.decode(eng, b, prompt_len, steps[b], vocab))
-                    log(f"8b {name} decode batch {b}: {rows[-1]}")
-                result[f"decode_{name}"] = rows
-                if graphs:
-                    result["prefill"] = self.prefill(eng, prefill_len, vocab)
-                    log(f"8b prefill: {result['prefill']}")
-        on, off = result["decode_cuda_graphs"][0], result["decode_no_cuda_graphs"][0]
-        if on["ms_per_step"] and off["ms_per_step"]:
-            result["graph_speedup_batch1"] = round(off["ms_per_step"] / on["ms_per_step"], 2)
-        return result
+            try:
+                with self.engine(model_dir, load_format="dummy", dtype="bfloat16",
+                                 disable_cuda_graph=not graphs) as eng:  # fmt: skip
+                    result[f"{name}_start_s"] = round(time.perf_counter() - start, 1)
+                    self.timed(eng, self.prompts(2, prompt_len, vocab), 4)  # warm-up (JIT)
+                    rows = result[f"decode_{name}"] = []
+                    for b in batches if graphs else batches[:2]:
+                        rows.append(self.decode(eng, b, prompt_len, steps[b], vocab))
+                        log(f"8b {name} decode batch {b}: {rows[-1]}")
+                        self.save()
+                    if graphs:
+                        result["prefill"] = self.prefill(eng, prefill_len, vocab)
+                        log(f"8b prefill: {result['prefill']}")
+            except Exception as exc:  # noqa: BLE001 - keep the other engine's numbers
+                result[f"{name}_error"] = f"{type(exc).__name__}: {exc}"
+                log(f"8b {name} failed: {result[f'{name}_error']}")
+            self.save()
+        on = result.get("decode_cuda_graphs", [{}])[0].get("ms_per_step")
+        off = result.get("decode_no_cuda_graphs", [{}])[0].get("ms_per_step")
+        if on and off:
+            result["graph_speedup_batch1"] = round(off / on, 2)
 
-    def backend_agreement(self, tmp: Path) -> dict:
-        model_dir = write_random_model(tmp / "smol", TINY_SHAPE if self.smoke else SMOLLM2_SHAPE)
-        vocab = (TINY_SHAPE if self.smoke else SMOLLM2_SHAPE)["vocab_size"]
-        prompts = [self.prompts(1, n, vocab)[0] for n in (5, 17, 33, 64, 1, 120, 9, 250)]
+    def backend_agreement(self, tmp: Path) -> None:
+        shape = TINY_SHAPE if self.smoke else SMOLLM2_SHAPE
+        model_dir = write_random_model(tmp / "smol", shape)
+        prompts = [self.prompts(1, n, shape["vocab_size"])[0]
+                   for n in (5, 17, 33, 64, 1, 120, 9, 250)]  # fmt: skip
         new = 8 if self.smoke else 32
-        params = {"max_new_tokens": new, "ignore_eos": True, "temperature": 0.0}
+        # NOTE: staggered lengths: the batch shrinks 8 -> 1, so decode runs padded graph buckets.
+        params = [{"max_new_tokens": max(2, new - 3 * i), "ignore_eos": True, "temperature": 0.0}
+                  for i in range(len(prompts))]  # fmt: skip
         variants = {"torch": dict(attention_backend="torch"),
                     "triton": dict(attention_backend="triton", disable_cuda_graph=True),
                     "triton+graphs": dict(attention_backend="triton")}  # fmt: skip
+        result = self.result["backends"] = {
+            "model": "smollm2-135m-shaped random", "dtype": "float32", "prompts": len(prompts),
+        }  # fmt: skip
         outs = {}
         for name, options in variants.items():
-            with self.engine(model_dir, dtype="float32", **options) as eng:
-                got = eng.generate(input_ids=prompts, sampling_params=params)
-                outs[name] = [o["output_ids"] for o in got]
-        ref = outs["torch"]
-        result = {
+            try:
+                with self.engine(model_dir, dtype="float32", max_running_requests=16,
+                                 cuda_graph_max_bs=16, **options) as eng:  # fmt: skip
+                    got = eng.generate(input_ids=prompts, sampling_params=params)
+                    outs[name] = [o["output_ids"] for o in got]
+            except Exception as exc:  # noqa: BLE001 - report, compare the others
+                result[f"{name}_error"] = f"{type(exc).__name__}: {exc}"
+                log(f"backend {name} failed: {result[f'{name}_error']}")
+        ref = outs.get("torch")
+        result["vs_torch"] = {
             name: {"identical": ids == ref, "token_match": round(_match(ids, ref), 4)}
-            for name, ids in outs.items() if name != "torch"
+            for name, ids in outs.items() if name != "torch" and ref is not None
         }  # fmt: skip
-        log(f"backends float32 vs torch: {result}")
-        return {"model": "smollm2-135m-shaped random", "prompts": len(prompts), "vs_torch": result}
+        log(f"backends float32 vs torch: {result['vs_torch']}")
+        self.save()
 
 
 def _match(a: list[list[int]], b: list[list[int]]) -> float:
@@ -228,21 +252,20 @@ def main() -> None:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # the engine's processes inherit it
     elif not torch.cuda.is_available():
         sys.exit("bench_engine: no CUDA device (use --smoke on CPU)")
-    bench = Bench(args.smoke)
     result: dict = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
                     "torch": torch.__version__, "smoke": args.smoke}  # fmt: skip
+    out = Path(args.out)
+    bench = Bench(args.smoke, out, result)
     with tempfile.TemporaryDirectory() as tmp:
         for key, fn in (("llama3_8b", bench.llama3_8b), ("backends", bench.backend_agreement)):
             start = time.perf_counter()
             try:
-                result[key] = fn(Path(tmp))
+                fn(Path(tmp))
             except Exception as exc:  # noqa: BLE001 - one failing part must not lose the other
-                result[key] = {"error": f"{type(exc).__name__}: {exc}"}
+                result.setdefault(key, {})["error"] = f"{type(exc).__name__}: {exc}"
                 log(f"{key} failed: {result[key]['error']}")
             log(f"{key} done in {time.perf_counter() - start:.1f} s")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "gpu_engine.json").write_text(json.dumps(result, indent=2))
+            bench.save()
     plot(result, out / "gpu_engine.png")
     print(summary(result))
 

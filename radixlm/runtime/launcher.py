@@ -145,5 +145,7 @@ def _parse_ready(name: str, data: bytes, proc: subprocess.Popen) -> dict:
         raise RuntimeError(f"the {name} process died while starting (exit code {proc.returncode})")
     msg = json.loads(data)
     if not msg.pop("ok"):
+        if not msg["error"].startswith("ValueError"):  # NOTE: a bad option needs no traceback
+            logger.error("the %s process failed to start:\n%s", name, msg.get("trace", ""))
         raise RuntimeError(f"the {name} process failed to start: {msg['error']}")
     return msg

@@ -82,9 +82,11 @@ class CudaGraphRunner:
         self.seq_lens[:bs].copy_(batch.seq_lens)
         if bucket > bs:
             # NOTE: rows past bs still hold an earlier, larger batch; their KV writes must go to
-            # the scratch slot, and their reads are kept to one slot.
+            # the scratch slot, and their reads are kept to one slot of request row 0.
             self.out_cache_loc[bs:bucket].fill_(SCRATCH_SLOT)
             self.seq_lens[bs:bucket].fill_(1)
+            self.req_slots[bs:bucket].zero_()
+            self.positions[bs:bucket].zero_()
         if self.use_graphs:
             self.graphs[bucket].replay()
         else:
@@ -118,7 +120,10 @@ class CudaGraphRunner:
 
     @torch.inference_mode()
     def _capture_all(self) -> None:
-        stream = torch.cuda.Stream()
+        stream = torch.cuda.Stream(device=self.input_ids.device)
+        # NOTE: a pool stream does not wait for the default one, where the buffers' zero-fills
+        # (and the KV pool's) may still be queued.
+        stream.wait_stream(torch.cuda.current_stream())
         pool = None
         # NOTE: largest first, so the smaller graphs fit in the memory pool the largest made.
         for bs in reversed(self.batch_sizes):

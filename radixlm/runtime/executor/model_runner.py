@@ -33,6 +33,8 @@ class ModelRunner:
     def __init__(self, args: ServerArgs, rank: RankInfo | None = None) -> None:
         rank = rank or RankInfo()
         self.device = resolve_device(args.device, rank.gpu_id)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # NOTE: Triton and new streams use the current one
         self.dtype = resolve_dtype(args.dtype, self.device)
         self.tp = init_tp_group(rank, self.device) if rank.tp_size > 1 else None
         self._load(args)
@@ -95,6 +97,10 @@ class ModelRunner:
     def _capture_graphs(self, args: ServerArgs) -> CudaGraphRunner | None:
         """CUDA graphs for decode batches, on CUDA with a backend that supports them."""
         if args.disable_cuda_graph or self.device.type != "cuda":
+            return None
+        if self.tp is not None:
+            # NOTE: collectives inside captured graphs have never run here (no multi-GPU machine).
+            logger.info("tensor parallel: decode runs without CUDA graphs")
             return None
         if not self.backend.supports_cuda_graph:
             logger.info("attention backend %s: no CUDA graphs", self.attention_backend_name)
