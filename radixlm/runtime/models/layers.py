@@ -19,7 +19,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x.float(), x.shape[-1:], self.weight.float(), self.eps).to(x.dtype)
+        # NOTE: the fused kernel computes in float32 and rounds once, as HF's upcast does.
+        return F.rms_norm(x, x.shape[-1:], self.weight.to(x.dtype), self.eps)
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
