@@ -8,8 +8,9 @@ bf16. Larger steps (prefill, big decode batches), which are compute-bound and fo
 int4 kernel is slower than bf16 GEMM, keep using the bf16 weight.
 
 For a GGUF checkpoint that is itself 4-bit, the int4 copy re-derives the checkpoint's own codes
-from the dequantised weights (a Q4_1 block's minimum and maximum are exactly codes 0 and 15), so
-it is that checkpoint, not a further approximation of it.
+from the dequantised weights (a Q4_1 block's minimum and maximum are codes 0 and 15). The kernel
+takes each group's scale and offset in bf16; that rounding costs about what rounding every weight
+to bf16 does (SmolLM2 layer 3: relative output error 1.9e-3 against 1.35e-3).
 """
 
 from __future__ import annotations
