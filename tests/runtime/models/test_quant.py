@@ -76,8 +76,19 @@ def test_quantization_is_validated(tiny_llama):
 
 def test_auto_follows_a_four_bit_gguf(smollm_path):
     from radixlm.runtime.executor.model_runner import ModelRunner
+    from radixlm.runtime.messages import GenerateReq
+    from radixlm.runtime.scheduler.scheduler import Scheduler
 
     base = dict(device="cpu", max_total_tokens=256)
-    assert ModelRunner(ServerArgs(**base, dtype="bfloat16")).int4_decode
+    scheduler = Scheduler(ServerArgs(**base, dtype="bfloat16"))
+    assert scheduler.runner.int4_decode
+    tok = scheduler.runner.tokenizer
+    ids = tok.encode("The capital of France is")
+    scheduler.handle(GenerateReq("r", ids, {"max_new_tokens": 8, "temperature": 0}))
+    out = []
+    while scheduler.has_work:
+        out += [t for o in scheduler.step() for t in o.new_ids]
+    # NOTE: the first token comes from the prefill (bf16); the other 7 from int4 decode steps.
+    assert tok.decode(out) == " Paris.\n\nThe answer is:"
     assert not ModelRunner(ServerArgs(**base, dtype="bfloat16", quantization="none")).int4_decode
     assert not ModelRunner(ServerArgs(**base, dtype="float32")).int4_decode
