@@ -10,7 +10,13 @@ import sys
 
 import uvicorn
 
-from radixlm.runtime.config import DTYPES, LOAD_FORMATS, SCHEDULE_POLICIES, ServerArgs
+from radixlm.runtime.config import (
+    DTYPES,
+    LOAD_FORMATS,
+    QUANTIZATIONS,
+    SCHEDULE_POLICIES,
+    ServerArgs,
+)
 from radixlm.server.app import abort_in_flight, create_app
 
 HELP = {
@@ -23,8 +29,11 @@ HELP = {
     "served_model_name": "the model name clients use (default: the model path)",
     "chat_template": "Jinja chat template, or a file holding one (default: the model's)",
     "skip_tokenizer_init": "load no tokenizer: prompts must be token ids, outputs are token ids",
+    "quantization": "int4: int4 weight copies for CPU decode steps of <= 8 tokens; auto: int4 "
+    "for a Q4_0/Q4_1 GGUF in bf16 on CPU",
 }
-CHOICES = {"dtype": DTYPES, "load_format": LOAD_FORMATS, "schedule_policy": SCHEDULE_POLICIES}
+CHOICES = {"dtype": DTYPES, "load_format": LOAD_FORMATS, "schedule_policy": SCHEDULE_POLICIES,
+           "quantization": QUANTIZATIONS}  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:

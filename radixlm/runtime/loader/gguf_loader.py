@@ -32,11 +32,12 @@ _NAMES = {
 }
 
 
-_FOUR_BIT = {"Q4_0", "Q4_1", "Q4_K", "IQ4_NL", "IQ4_XS"}
+# NOTE: the formats whose codes models/quant.py recovers exactly (one scale [+ min] per 32).
+_FOUR_BIT = {"Q4_0", "Q4_1"}
 
 
 def is_four_bit(reader) -> bool:
-    """True when most decoder-layer weight matrices are stored in 4 bits."""
+    """True when most decoder-layer weight matrices are Q4_0 or Q4_1."""
     kinds = [t.tensor_type.name for t in reader.tensors
              if t.name.startswith("blk.") and len(t.shape) == 2]  # fmt: skip
     return bool(kinds) and 2 * sum(k in _FOUR_BIT for k in kinds) > len(kinds)

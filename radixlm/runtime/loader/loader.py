@@ -108,7 +108,8 @@ def load_model(args: ServerArgs, device: torch.device, dtype: torch.dtype) -> Lo
         _init_dummy(model)
     else:
         model.load_weights(_progress(_weights(path, fmt, config), path, fmt))
-    four_bit = fmt == "gguf" and gguf_loader.is_four_bit(gguf_loader.open_gguf(path))
+    four_bit = (fmt == "gguf" and args.quantization == "auto" and device.type == "cpu"
+                and gguf_loader.is_four_bit(gguf_loader.open_gguf(path)))  # fmt: skip
     return LoadedModel(model.eval(), config, tokenizer, path, four_bit)
 
 

@@ -80,7 +80,8 @@ class RotaryEmbedding(nn.Module):
         if not self._sized:  # NOTE: a model used without build() (tests) grows on demand.
             need = max(int(positions.max()) + 1 if positions.numel() else 1, 4096)
             t = self._table
-            if t is None or t[0].shape[0] < need or t[0].dtype != dtype:
+            if (t is None or t[0].shape[0] < need or t[0].dtype != dtype
+                    or t[0].device != positions.device):  # fmt: skip
                 self._table = self._make(need, dtype, positions.device)
         cos, sin = self._table
         return cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)

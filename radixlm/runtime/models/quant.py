@@ -7,10 +7,12 @@ GGUF's Q4_1) and uses it for steps of at most ``MAX_INT4_ROWS`` tokens, a quarte
 bf16. Larger steps (prefill, big decode batches), which are compute-bound and for which torch's
 int4 kernel is slower than bf16 GEMM, keep using the bf16 weight.
 
-For a GGUF checkpoint that is itself 4-bit, the int4 copy re-derives the checkpoint's own codes
-from the dequantised weights (a Q4_1 block's minimum and maximum are codes 0 and 15). The kernel
-takes each group's scale and offset in bf16; that rounding costs about what rounding every weight
-to bf16 does (SmolLM2 layer 3: relative output error 1.9e-3 against 1.35e-3).
+Each group takes the better of two grids: min..max in 15 steps (Q4_1: its minimum and maximum
+are codes 0 and 15) or a symmetric one whose code 0 is the largest-magnitude value (Q4_0:
+``d * (q - 8)``). For those GGUF formats the copy re-derives the checkpoint's own codes from the
+dequantised weights. The kernel takes each group's scale and offset in bf16; that rounding costs
+about what rounding every weight to bf16 does (SmolLM2 layer 3: relative output error 1.9e-3
+against 1.35e-3).
 """
 
 from __future__ import annotations
@@ -41,13 +43,26 @@ def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     n, k = weight.shape
     groups = weight.float().reshape(n, k // GROUP, GROUP)
     low, high = groups.amin(-1), groups.amax(-1)
-    scale = ((high - low) / 15).clamp(min=1e-10)
-    codes = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15)
+    asym = _fit(groups, ((high - low) / 15).clamp(min=1e-10), low + 8 * ((high - low) / 15))
+    extreme = groups.gather(-1, groups.abs().argmax(-1, keepdim=True)).squeeze(-1)
+    sym_scale = torch.where(extreme == 0, 1e-10, -extreme / 8)
+    sym = _fit(groups, sym_scale, torch.zeros_like(low))
+    better = (sym[0] < asym[0])[..., None]
+    codes = torch.where(better, sym[1], asym[1])
+    scale = torch.where(better[..., 0], sym_scale, asym[2])
+    offset = torch.where(better[..., 0], 0.0, asym[3])
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
         codes.to(torch.int32).reshape(n, k), 1
     )
-    scale_offset = torch.stack([scale.t(), (low + 8 * scale).t()], dim=-1)
+    scale_offset = torch.stack([scale.t(), offset.t()], dim=-1)
     return packed, scale_offset.to(weight.dtype).contiguous()
+
+
+def _fit(groups: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> tuple:
+    """Codes of ``groups`` on the grid ``(q - 8) * scale + offset``, and each group's error."""
+    codes = ((groups - offset[..., None]) / scale[..., None] + 8).round().clamp(0, 15)
+    error = ((codes - 8) * scale[..., None] + offset[..., None] - groups).square().sum(-1)
+    return error, codes, scale, offset
 
 
 class Int4DecodeLinear(nn.Module):

@@ -19,6 +19,16 @@ from radixlm.runtime.models.quant import (
 pytestmark = pytest.mark.skipif(not int4_available(), reason="torch lacks the CPU int4 kernel")
 
 
+def q4_0_weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
+    """Blocks of 32 holding ``d * (q - 8)`` whose largest magnitude is code 0 (as Q4_0 stores
+    them); code 15 need not occur."""
+    gen = torch.Generator().manual_seed(seed)
+    codes = torch.randint(1, 15, (n, k // GROUP, GROUP), generator=gen)
+    codes[..., 0] = 0
+    d = (torch.rand(n, k // GROUP, 1, generator=gen) * 0.01 + 0.001).bfloat16().float()
+    return (d * (codes - 8)).reshape(n, k).bfloat16()
+
+
 def q4_1_weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
     """Blocks of 32 holding ``d * q + m`` with every code 0..15 present (as Q4_1 stores them)."""
     gen = torch.Generator().manual_seed(seed)
@@ -29,11 +39,12 @@ def q4_1_weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
     return (codes * d + m).reshape(n, k).bfloat16()
 
 
-@pytest.mark.parametrize("bias", [False, True])
-def test_int4_copy_reproduces_a_q4_1_weight(bias):
+@pytest.mark.parametrize("make, bias", [(q4_1_weight, False), (q4_1_weight, True),
+                                         (q4_0_weight, False)])  # fmt: skip
+def test_int4_copy_reproduces_a_q4_weight(make, bias):
     linear = nn.Linear(96, 48, bias=bias, dtype=torch.bfloat16)
     with torch.no_grad():
-        linear.weight.copy_(q4_1_weight(48, 96))
+        linear.weight.copy_(make(48, 96))
     int4 = Int4DecodeLinear(linear)
     for rows in (1, 3, MAX_INT4_ROWS):
         x = torch.randn(rows, 96).bfloat16()
@@ -88,7 +99,7 @@ def test_auto_follows_a_four_bit_gguf(smollm_path):
     out = []
     while scheduler.has_work:
         out += [t for o in scheduler.step() for t in o.new_ids]
-    # NOTE: the first token comes from the prefill (bf16); the other 7 from int4 decode steps.
+    # NOTE: every step here has <= 8 tokens (a 5-token prompt), so all of them run int4.
     assert tok.decode(out) == " Paris.\n\nThe answer is:"
     assert not ModelRunner(ServerArgs(**base, dtype="bfloat16", quantization="none")).int4_decode
     assert not ModelRunner(ServerArgs(**base, dtype="float32")).int4_decode
