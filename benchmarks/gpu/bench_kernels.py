@@ -269,7 +269,8 @@ def _num_sms(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: argparse.Namespace, out: Path) -> dict:
+    """Every section, the JSON rewritten after each so a timeout loses only the one running."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
     report: dict = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
@@ -288,6 +289,7 @@ def run(args: argparse.Namespace) -> dict:
             report[name] = {"error": f"{type(exc).__name__}: {exc}"}
         report.setdefault("section_seconds", {})[name] = round(time.perf_counter() - start, 2)
         print(f"[bench] {name} done in {report['section_seconds'][name]} s", flush=True)
+        (out / "gpu_kernels.json").write_text(json.dumps(report, indent=2))
     return report
 
 
@@ -311,11 +313,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.smoke and not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    report = run(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "gpu_kernels.json").write_text(json.dumps(report, indent=2))
-    print(summary(report))
+    print(summary(run(args, out)))
 
 
 if __name__ == "__main__":
