@@ -1,5 +1,5 @@
 """The torch attention backend against a plain per-request softmax, with and without a shared
-prefix (cascade path)."""
+prefix (cascade path), and a long single-request extend (SDPA path, causal or with a prefix)."""
 
 from __future__ import annotations
 
@@ -27,10 +27,17 @@ def reference(q, pool: KVPool, slots_per_req, prefixes, extends, scale):
     return torch.stack(outs)
 
 
+@pytest.mark.parametrize("own_base", [5, 0])
 @pytest.mark.parametrize("shared", [0, 70])
-@pytest.mark.parametrize("extends", [[1, 1, 1, 1], [5, 1, 9, 1], [3, 7]])
-def test_matches_reference(shared, extends, monkeypatch):
+@pytest.mark.parametrize("extends", [[1, 1, 1, 1], [5, 1, 9, 1], [3, 7], [40], [40, 1]])
+def test_matches_reference(shared, extends, own_base, monkeypatch):
     monkeypatch.setattr(torch_backend, "MIN_SHARED_PREFIX", 8)
+    monkeypatch.setattr(torch_backend, "SDPA_MIN_EXTEND", 16)
+    sdpa_calls = []
+    sdpa = torch_backend.sdpa_attention
+    monkeypatch.setattr(
+        torch_backend, "sdpa_attention", lambda *a: sdpa_calls.append(a) or sdpa(*a)
+    )
     gen = torch.Generator().manual_seed(0)
     pool = KVPool(512, 1, KV_HEADS, DIM, torch.float32, torch.device("cpu"))
     pool.k[0].normal_(generator=gen)
@@ -41,7 +48,7 @@ def test_matches_reference(shared, extends, monkeypatch):
     used = set(common.tolist())
     prefixes, slot_lists, new_slots = [], [], []
     for r, e in enumerate(extends):
-        own = 5 + 3 * r
+        own = own_base + 3 * r
         fresh = []
         while len(fresh) < own + e:
             s = next(free)
@@ -66,8 +73,9 @@ def test_matches_reference(shared, extends, monkeypatch):
     k = torch.randn(total, KV_HEADS, DIM, generator=gen)
     v = torch.randn(total, KV_HEADS, DIM, generator=gen)
     backend.prepare(batch)
-    if shared and len(extends) > 1:
-        assert any(g.shared is not None for g in batch.attn_meta)
+    if shared:  # NOTE: decode and extend rows form separate groups; cascade needs 2+ requests
+        assert all((g.shared is not None) == (g.num_reqs > 1) for g in batch.attn_meta)
     out = backend.forward(q, k, v, 0, batch)
     expected = reference(q, pool, slot_lists, prefixes, extends, DIM**-0.5)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    assert bool(sdpa_calls) == (40 in extends)  # one long extend in its group: the SDPA path
