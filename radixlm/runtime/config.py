@@ -95,9 +95,9 @@ class ServerArgs:
     # NOTE: no tokenizer anywhere: prompts are input_ids, outputs are output_ids with text "".
     skip_tokenizer_init: bool = False
     load_format: str = "auto"
-    # NOTE: int4 = an int4 copy of the layer weights for CPU decode steps of <= 8 tokens (bf16
-    # for the rest); auto = int4 when a GGUF checkpoint is itself 4-bit and the engine runs bf16
-    # on CPU, else none.
+    # NOTE: int4 = an int4 copy of the layer weights for CPU steps of <= 8 tokens (bf16 for the
+    # rest); auto = int4 when a GGUF checkpoint is itself Q4_0/Q4_1 and the engine runs bf16 on
+    # CPU, else none.
     quantization: str = "auto"
     dtype: str = "auto"
     device: str = "auto"
