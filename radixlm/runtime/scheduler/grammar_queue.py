@@ -74,13 +74,11 @@ class GrammarQueue:
             self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="radixlm-mask")
         return self._mask_pool.submit(self.bitmask, reqs, vocab_size)
 
-    def bitmask(self, reqs: list[Req], vocab_size: int) -> torch.Tensor | None:
-        if all(r.grammar is None for r in reqs):
-            return None
+    def bitmask(self, reqs: list[Req], vocab_size: int) -> torch.Tensor:
+        """One all-allowed row per request, narrowed by each request's grammar."""
         from radixlm.runtime.constrained.base import allocate_bitmask
 
         mask = allocate_bitmask(len(reqs), vocab_size)
-        mask.fill_(-1)
         for row, req in enumerate(reqs):
             if req.grammar is not None:
                 req.grammar.fill_bitmask(mask, row)

@@ -118,13 +118,13 @@ class Scheduler:
         plan = self._schedule()
         if plan.chunks:
             batch, rows = build_batch(plan, self.cache)
-            sampling = [
-                i.req for i in rows if i.sample_row is not None and i.req.params.max_new_tokens
-            ]
-            # NOTE: grammar masks are filled on a thread while the forward runs.
-            masks = self.grammars.start_bitmask(sampling, self.runner.config.vocab_size)
+            sampled = [info for info in rows if info.sample_row is not None]
+            # NOTE: grammar masks are filled on a thread while the forward runs, one row per
+            # generating request in _sample's order.
+            generating = [info.req for info in _generating(sampled)]
+            masks = self.grammars.start_bitmask(generating, self.runner.config.vocab_size)
             logits = self.runner.forward(batch)
-            self._postprocess(plan, rows, logits, masks)
+            self._postprocess(plan, rows, sampled, logits, masks)
         out, self.outbox = self.outbox, []
         return out
 
@@ -165,12 +165,16 @@ class Scheduler:
     # -- post-processing ----------------------------------------------------------------------
 
     def _postprocess(
-        self, plan: StepPlan, rows: list[LogitRows], logits: torch.Tensor, masks: Future | None
+        self,
+        plan: StepPlan,
+        rows: list[LogitRows],
+        sampled: list[LogitRows],
+        logits: torch.Tensor,
+        masks: Future | None,
     ) -> None:
         record_prompt_logprobs(rows, logits)
         for chunk in plan.chunks:
             chunk.req.kv_len += chunk.num_tokens
-        sampled = [info for info in rows if info.sample_row is not None]
         if sampled:
             self._sample(sampled, logits, masks)
         for chunk in plan.chunks:
@@ -184,15 +188,15 @@ class Scheduler:
         self.stats.step(plan.num_tokens, len(sampled))
 
     def _sample(self, sampled: list[LogitRows], logits: torch.Tensor, masks: Future | None) -> None:
-        reqs = [info.req for info in sampled]
-        prefill_only = [r for r in reqs if r.params.max_new_tokens == 0]
-        for req in prefill_only:
-            req.finish = {"type": "length", "length": 0}
-            self.outbox.append(token_out(req))
-        reqs = [r for r in reqs if r.params.max_new_tokens > 0]
-        if not reqs:
+        for info in sampled:
+            if info.req.params.max_new_tokens == 0:  # prefill only: cache the prompt, finish
+                info.req.finish = {"type": "length", "length": 0}
+                self.outbox.append(token_out(info.req))
+        generating = _generating(sampled)
+        if not generating:
             return
-        index = torch.tensor([i.sample_row for i in sampled if i.req.params.max_new_tokens > 0])
+        reqs = [info.req for info in generating]
+        index = torch.tensor([info.sample_row for info in generating])
         rows = [
             SampleRow(r.params, r.input_ids, r.output_ids, self.stop.banned_ids(r)) for r in reqs
         ]
@@ -254,3 +258,8 @@ class Scheduler:
             logger.exception("KV invariant broken")
             return False
         return True
+
+
+def _generating(sampled: list[LogitRows]) -> list[LogitRows]:
+    """The sampled rows whose requests generate (``max_new_tokens`` 0 only prefills)."""
+    return [info for info in sampled if info.req.params.max_new_tokens > 0]
