@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -43,7 +44,10 @@ def is_four_bit(reader) -> bool:
     return bool(kinds) and 2 * sum(k in _FOUR_BIT for k in kinds) > len(kinds)
 
 
+@functools.lru_cache(maxsize=2)
 def open_gguf(path: str):
+    """The parsed file (read-only, memory-mapped). NOTE: parsing takes ~2 s for SmolLM2, and
+    loading reads config, tensor count, weights and quant types from it: parse once."""
     from gguf import GGUFReader
 
     return GGUFReader(path)
