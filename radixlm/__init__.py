@@ -14,7 +14,7 @@ _LANG = (
     "RuntimeEndpoint", "assistant", "assistant_begin", "assistant_end", "flush_cache", "function",
     "gen", "gen_int", "gen_string", "get_server_info", "greedy_token_selection", "select",
     "set_default_backend", "system", "system_begin", "system_end", "token_length_normalized",
-    "unconditional_likelihood_normalized", "user", "user_begin", "user_end",
+    "tools_prompt", "unconditional_likelihood_normalized", "user", "user_begin", "user_end",
 )  # fmt: skip
 _HOMES = {**{name: "radixlm.lang" for name in _LANG}, "Engine": "radixlm.runtime.engine"}
 

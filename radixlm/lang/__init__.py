@@ -35,8 +35,10 @@ from radixlm.lang.executor import ProgramError
 from radixlm.lang.function import SglFunction
 from radixlm.lang.ir import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR
 from radixlm.lang.state import ProgramState, ProgramStateGroup
+from radixlm.lang.tools import tools_prompt
 
 __all__ = [
+    "tools_prompt",
     "REGEX_BOOL", "REGEX_FLOAT", "REGEX_INT", "REGEX_STR", "ChatTemplate", "EngineBackend",
     "OpenAI", "ProgramError", "ProgramState", "ProgramStateGroup", "Runtime", "RuntimeEndpoint",
     "SglFunction", "assistant", "assistant_begin", "assistant_end", "flush_cache", "function",

@@ -20,6 +20,7 @@ from radixlm.lang.ir import (
     SglSelect,
     as_expr,
 )
+from radixlm.lang.tools import tool_call_regex
 
 
 def function(func: Callable | None = None, num_api_spec_tokens: int | None = None):
@@ -76,14 +77,27 @@ def gen(
     choices_method: ChoicesSamplingMethod | None = None,
     regex: str | None = None,
     json_schema: str | dict | None = None,
+    tools: list[dict[str, Any]] | None = None,
+    tool_choice: str | dict | None = None,
+    parallel_tool_calls: bool = False,
 ) -> SglExpr:
     """Generate text into variable ``name``. With ``choices`` it is a ``select``; ``regex``,
-    ``json_schema`` or ``dtype`` (int, float, str, bool) constrain the output."""
+    ``json_schema`` or ``dtype`` (int, float, str, bool) constrain the output. ``tools``
+    (OpenAI tool dicts, offered in the prompt with ``tools_prompt``) with ``tool_choice``
+    (auto | required | a tool's name) constrain it to calls, read back by ``s.tool_calls(name)``
+    (see ``radixlm.lang.tools``)."""
     if choices:
         method = choices_method or token_length_normalized
         return SglSelect(name, choices, 0.0 if temperature is None else temperature, method)
     if stop_regex is not None:
         raise ValueError("stop_regex is not supported; use stop strings or a regex constraint")
+    if tools:
+        tools_regex = tool_call_regex(tools, tool_choice, parallel_tool_calls)
+        if tools_regex is not None and (regex is not None or json_schema is not None):
+            raise ValueError("tools with tool_choice cannot be combined with regex or json_schema")
+        regex = tools_regex if tools_regex is not None else regex
+    elif tool_choice is not None:
+        raise ValueError("tool_choice needs tools")
     if regex is not None:
         try:
             re.compile(regex)
@@ -96,7 +110,7 @@ def gen(
         ignore_eos=ignore_eos, return_logprob=return_logprob,
         logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
         return_text_in_logprobs=return_text_in_logprobs, dtype=dtype, regex=regex,
-        json_schema=json_schema,
+        json_schema=json_schema, parse_tool_calls=True if tools else None,
     )
     return SglGen(name, params)
 

@@ -33,6 +33,7 @@ from radixlm.lang.ir import (
     SglVarScopeEnd,
     as_expr,
 )
+from radixlm.lang.tools import read_tool_calls
 
 if TYPE_CHECKING:
     from radixlm.lang.backend.base import BaseBackend
@@ -252,6 +253,8 @@ class StreamExecutor:
             return
         comp, meta = self.backend.generate(self, params)
         self.text_ += comp[0] if isinstance(comp, list) else comp
+        if params.parse_tool_calls and isinstance(comp, str):
+            meta = {**(meta or {}), "tool_calls": read_tool_calls(comp)[1]}
         self._set_var(expr.name, self._typed(comp, params.dtype), meta)
 
     def _execute_gen_stream(self, name: Any, params: SglSamplingParams) -> None:
@@ -262,6 +265,8 @@ class StreamExecutor:
             self.meta_info[name] = meta
             self.stream_var_event[name].set()
             self.stream_text_event.set()
+        if params.parse_tool_calls:
+            meta = {**(meta or {}), "tool_calls": read_tool_calls(self.variables[name])[1]}
         self._set_var(name, self._typed(self.variables[name], params.dtype), meta)
 
     def _execute_select(self, expr: SglSelect) -> None:

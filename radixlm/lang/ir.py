@@ -44,6 +44,8 @@ class SglSamplingParams:
     dtype: Any = None
     regex: str | None = None
     json_schema: str | dict | None = None
+    # NOTE: set by gen(tools=...); the output is parsed into meta_info["tool_calls"]
+    parse_tool_calls: bool | None = None
 
     @classmethod
     def field_names(cls) -> set[str]:

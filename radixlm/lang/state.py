@@ -96,6 +96,11 @@ class ProgramState(RoleMixin):
         """The runtime's meta info for variable ``name`` (for ``select``: the choice scores)."""
         return self.stream_executor.get_meta_info(name)
 
+    def tool_calls(self, name: Any) -> list[dict[str, Any]]:
+        """The calls a ``gen(name, tools=...)`` made: ``{"name", "arguments"}`` dicts."""
+        meta = self.get_meta_info(name) or {}
+        return list(meta.get("tool_calls", [])) if isinstance(meta, dict) else []
+
     def text(self) -> str:
         return self.stream_executor.text()
 

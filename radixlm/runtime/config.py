@@ -122,12 +122,18 @@ class ServerArgs:
     tp_size: int = 1
     dp_size: int = 1
     load_balance_method: str = "cache_aware"
+    # torch threads of each computing process (scheduler, tensor-parallel ranks). None:
+    # RADIXLM_NUM_THREADS, else OMP_NUM_THREADS, else the physical cores they share (at most 8).
+    num_threads: int | None = None
     random_seed: int = 0
     host: str = "127.0.0.1"
     port: int = 30000
     api_key: str | None = None
     served_model_name: str | None = None
     chat_template: str | None = None
+    # None: chosen from the chat template (hermes when it has no tool markup of its own).
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
     log_level: str = "info"
     stats_interval: float = 10.0
     watchdog_timeout: float = 300.0
@@ -149,7 +155,7 @@ class ServerArgs:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("max_total_tokens", "context_length", "chunked_prefill_size"):
+        for name in ("max_total_tokens", "context_length", "chunked_prefill_size", "num_threads"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1 or None, got {value}")

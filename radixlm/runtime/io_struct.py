@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+MAX_N = 128  # samples per prompt
+MAX_REQUESTS = 1024  # requests per call (prompts x n)
+
+
 @dataclass
 class SingleRequest:
     rid: str
@@ -18,6 +22,7 @@ class SingleRequest:
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
+    group: str | None = None  # the rid of the ``n`` request this is a sample of
 
 
 @dataclass
@@ -51,15 +56,22 @@ class GenerateInput:
         out = []
         for prompt, p, rid in zip(prompts, params, rids):
             p = dict(p or {})
-            n = p.pop("n", 1) or 1
-            if not isinstance(n, int) or n < 1:
-                raise ValueError(f"n must be an integer >= 1, got {n!r}")
+            n = p.pop("n", None)
+            n = 1 if n is None else n
+            if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_N:
+                raise ValueError(f"n must be an integer in [1, {MAX_N}], got {n!r}")
             rid = rid or uuid.uuid4().hex
             for i in range(n):
                 sp = dict(p)
                 if n > 1 and sp.get("sampling_seed", sp.get("seed")) is not None:
                     sp["sampling_seed"] = sp.pop("sampling_seed", sp.pop("seed", 0)) + i
-                out.append(self._single(prompt, sp, rid if n == 1 else f"{rid}-{i}"))
+                single = self._single(prompt, sp, rid if n == 1 else f"{rid}-{i}")
+                single.group = rid if n > 1 else None
+                out.append(single)
+        if len(out) > MAX_REQUESTS:
+            raise ValueError(
+                f"the call makes {len(out)} requests (prompts x n); at most {MAX_REQUESTS}"
+            )
         return out
 
     def _prompts(self) -> list[Any]:

@@ -14,7 +14,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from radixlm.runtime import ipc
+from radixlm.runtime import ipc, threads
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.distributed.parallel import RankInfo, check_gpu_count, file_init_method
 from radixlm.runtime.distributed.shard import check_tp_size
@@ -69,12 +69,14 @@ def launch(args: ServerArgs, gpu_offset: int = 0) -> Backend:
     config, _, _ = load_config(args)
     check_tp_size(config, args.tp_size)
     check_gpu_count(args.device, args.tp_size)
+    per_rank = threads.compute_threads(args.num_threads, args.tp_size)
     ports = ipc.PortArgs.new()
     init = file_init_method(private_dir(ports))
     procs, pipes = {}, {}
     for name, role, rank in _processes(args, init, gpu_offset):
+        n = 1 if role == "detokenizer" else per_rank
         payload = {"args": dataclasses.asdict(args), "ports": dataclasses.asdict(ports)}
-        procs[name], pipes[name] = _spawn(role, {**payload, "rank": rank.to_dict()})
+        procs[name], pipes[name] = _spawn(role, {**payload, "rank": rank.to_dict(), "threads": n})
     backend = Backend(args, ports, procs, {})
     try:
         backend.info.update(_wait_ready(pipes, procs))
@@ -108,6 +110,7 @@ def _spawn(role: str, config: dict) -> tuple[subprocess.Popen, int]:
         stdin=subprocess.PIPE,
         pass_fds=(write_fd,),
         start_new_session=False,
+        env=threads.child_env(config["threads"]),
     )
     os.close(write_fd)
     proc.stdin.write(json.dumps(config).encode())
@@ -117,7 +120,8 @@ def _spawn(role: str, config: dict) -> tuple[subprocess.Popen, int]:
 
 def _wait_ready(pipes: dict[str, int], procs: dict[str, subprocess.Popen]) -> dict:
     """Wait for every child's ready line; the first one that fails raises (the ranks of a
-    tensor-parallel group would otherwise wait for each other forever)."""
+    tensor-parallel group would otherwise wait for each other forever). Each child's torch
+    thread count lands in ``info["threads"]``, by process name."""
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     data = {name: b"" for name in pipes}
     done: dict[str, dict] = {}
@@ -136,7 +140,8 @@ def _wait_ready(pipes: dict[str, int], procs: dict[str, subprocess.Popen]) -> di
                 finished = procs[name].poll() is not None
             if finished:
                 done[name] = _parse_ready(name, data[name], procs[name])
-    return {k: v for info in done.values() for k, v in info.items()}
+    counts = {name: info.pop("threads", None) for name, info in done.items()}
+    return {**{k: v for info in done.values() for k, v in info.items()}, "threads": counts}
 
 
 def _parse_ready(name: str, data: bytes, proc: subprocess.Popen) -> dict:

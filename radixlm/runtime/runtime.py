@@ -9,6 +9,8 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+import torch
+
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.distributed.data_parallel import DataParallelManager
 from radixlm.runtime.io_struct import GenerateInput
@@ -79,6 +81,7 @@ class Runtime:
             **{k: v for k, v in dataclasses.asdict(self.args).items() if k != "api_key"},
             **self.backend.info,
             "max_total_tokens": self.backend.info["max_total_tokens"],
+            "threads": {**self.backend.info["threads"], "server": torch.get_num_threads()},
             "stats": stats,
         }
 

@@ -7,6 +7,7 @@ state; everything it knows about a request arrives as TextOut messages.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 import uuid
@@ -21,7 +22,7 @@ from radixlm.runtime import ipc
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.io_struct import SingleRequest
 from radixlm.runtime.messages import AbortReq, Batch, ControlOut, ControlReq, GenerateReq, TextOut
-from radixlm.runtime.sampling.params import SamplingParams
+from radixlm.runtime.sampling.params import INT32_MAX, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -34,10 +35,16 @@ class EngineDeadError(RuntimeError):
     """The scheduler or detokenizer process is gone."""
 
 
+class RidInFlightError(RuntimeError):
+    """A request with this rid is still running (a finished rid may be reused)."""
+
+
 @dataclass
 class _ReqState:
     req: SingleRequest
     prompt_ids: list[int]
+    key: str  # NOTE: the rid on the wire: unique per request, so a reused rid never gets the
+    # outputs (or the abort) of the request that had it before
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     text: str = ""
     output_ids: list[int] = field(default_factory=list)
@@ -66,7 +73,9 @@ class TokenizerManager:
         self.to_scheduler.connect(ports.scheduler)
         self.from_detok = self.ctx.socket(zmq.PULL)
         self.from_detok.bind(ports.tokenizer)
-        self.states: dict[str, _ReqState] = {}
+        self.states: dict[str, _ReqState] = {}  # by the client's rid
+        self._by_key: dict[str, _ReqState] = {}
+        self._keys = itertools.count()
         self.controls: dict[str, asyncio.Future] = {}
         self.dead: str | None = None
         self.on_timing: Callable[[str, float], None] | None = None  # (ttft|itl|e2e, seconds)
@@ -98,6 +107,8 @@ class TokenizerManager:
         sampling = params.to_dict()
         sampling["max_new_tokens"] = min(params.max_new_tokens, self.context_len - len(ids))
         start = req.logprob_start_len
+        if not isinstance(start, int) or not -1 <= start <= INT32_MAX:
+            raise ValueError(f"logprob_start_len must be -1 or a prompt position, got {start!r}")
         if req.return_logprob and start >= len(ids):
             raise ValueError(
                 f"logprob_start_len ({start}) must be < the prompt length ({len(ids)})"
@@ -119,13 +130,17 @@ class TokenizerManager:
         ``finish_reason``. Closing the iterator early aborts the request."""
         msg = self.prepare(req)
         self._check_capacity()
-        if msg.rid in self.states:
-            raise ValueError(f"rid {msg.rid!r} is already in flight")
-        state = _ReqState(req, msg.input_ids)
-        self.states[msg.rid] = state
-        ipc.send(self.to_scheduler, msg)
-        finished = False
+        if req.rid in self.states:
+            raise RidInFlightError(f"rid {req.rid!r} is already in flight")
+        msg.rid = f"{req.rid}#{next(self._keys)}"
+        state = _ReqState(req, msg.input_ids, msg.rid)
+        sent = finished = False
+        # NOTE: one finally releases the state on every path (finish, abort, encoder error,
+        # scheduler error, client gone); nothing before it can leave a state behind.
+        self.states[req.rid] = self._by_key[msg.rid] = state
         try:
+            ipc.send(self.to_scheduler, msg)
+            sent = True
             while not finished:
                 out = await state.queue.get()
                 if isinstance(out, Exception):
@@ -136,8 +151,9 @@ class TokenizerManager:
                 if req.stream or finished:
                     yield self._response(state)
         finally:
-            self.states.pop(msg.rid, None)
-            if not finished and not self.dead:
+            self.states.pop(req.rid, None)
+            self._by_key.pop(msg.rid, None)
+            if sent and not finished and not self.dead:
                 ipc.send(self.to_scheduler, AbortReq(msg.rid))
 
     async def generate_one(self, req: SingleRequest) -> dict[str, Any]:
@@ -146,8 +162,13 @@ class TokenizerManager:
             pass
         return response
 
-    def abort(self, rid: str) -> None:
-        ipc.send(self.to_scheduler, AbortReq(rid))
+    def abort(self, rid: str) -> list[str]:
+        """Abort the request ``rid`` in flight, or the samples of the ``n`` request ``rid``
+        (exact ids, never prefixes); returns the rids aborted."""
+        hits = [s for s in self.states.values() if rid in (s.req.rid, s.req.group)]
+        for state in hits:
+            ipc.send(self.to_scheduler, AbortReq(state.key))
+        return [s.req.rid for s in hits]
 
     async def control(self, kind: str, timeout: float = 30.0) -> ControlOut:
         if self.dead:
@@ -177,7 +198,7 @@ class TokenizerManager:
             msg = ipc.messages.decode(await self.from_detok.recv())
             for item in msg.items if isinstance(msg, Batch) else [msg]:
                 if isinstance(item, TextOut):
-                    state = self.states.get(item.rid)
+                    state = self._by_key.get(item.rid)
                     if state is not None:
                         state.queue.put_nowait(item)
                 elif isinstance(item, ControlOut) and item.cid in self.controls:

@@ -1,8 +1,9 @@
 """Entry point of the child processes: ``python -m radixlm.runtime.worker ROLE READY_FD``.
 
 Roles: ``scheduler`` (tensor-parallel rank 0), ``tp_worker`` (ranks > 0), ``detokenizer``.
-The configuration (server args, ports, the process's rank) arrives as JSON on stdin; readiness
-goes back as one JSON line on READY_FD.
+The configuration (server args, ports, the process's rank and torch thread count) arrives as
+JSON on stdin; readiness goes back as one JSON line on READY_FD, with the process's own count of
+torch threads.
 Children are started with subprocess rather than multiprocessing's spawn, so that a user's
 script without an ``if __name__ == "__main__"`` guard is never re-run in them.
 """
@@ -13,6 +14,9 @@ import json
 import os
 import sys
 
+import torch
+
+from radixlm.runtime import threads
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.distributed.parallel import RankInfo
 from radixlm.runtime.ipc import PortArgs
@@ -23,6 +27,8 @@ class ReadyPipe:
         self.fd = fd
 
     def send(self, msg: dict) -> None:
+        if msg.get("ok"):
+            msg = {**msg, "threads": torch.get_num_threads()}
         os.write(self.fd, (json.dumps(msg) + "\n").encode())
         os.close(self.fd)
 
@@ -32,6 +38,7 @@ def main() -> None:
     config = json.loads(sys.stdin.read())
     args, ports = ServerArgs(**config["args"]), PortArgs(**config["ports"])
     rank = RankInfo(**config.get("rank", {}))
+    threads.apply(config.get("threads", 1))
     if role == "scheduler":
         from radixlm.runtime.scheduler.process import run_scheduler_process
 

@@ -10,6 +10,7 @@ import sys
 
 import uvicorn
 
+from radixlm.runtime import threads
 from radixlm.runtime.config import (
     DTYPES,
     LOAD_FORMATS,
@@ -17,6 +18,8 @@ from radixlm.runtime.config import (
     SCHEDULE_POLICIES,
     ServerArgs,
 )
+from radixlm.runtime.function_call import TOOL_PARSERS
+from radixlm.runtime.reasoning import REASONING_PARSERS
 from radixlm.server.app import abort_in_flight, create_app
 
 HELP = {
@@ -31,9 +34,15 @@ HELP = {
     "skip_tokenizer_init": "load no tokenizer: prompts must be token ids, outputs are token ids",
     "quantization": "int4: int4 weight copies for CPU decode steps of <= 8 tokens; auto: int4 "
     "for a Q4_0/Q4_1 GGUF in bf16 on CPU",
+    "tool_call_parser": "tool-call format of the model's output (default: from the chat template; "
+    "hermes with the built-in tool prompt for templates without tool support)",
+    "reasoning_parser": "split <think>...</think> into reasoning_content (qwen3, deepseek-r1)",
+    "num_threads": "torch threads of the scheduler and each tensor-parallel rank (default: "
+    "$RADIXLM_NUM_THREADS, else $OMP_NUM_THREADS, else the physical cores they share, at most 8)",
 }
 CHOICES = {"dtype": DTYPES, "load_format": LOAD_FORMATS, "schedule_policy": SCHEDULE_POLICIES,
-           "quantization": QUANTIZATIONS}  # fmt: skip
+           "quantization": QUANTIZATIONS, "tool_call_parser": sorted(TOOL_PARSERS),
+           "reasoning_parser": sorted(REASONING_PARSERS)}  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,5 +120,6 @@ def serve(args: ServerArgs) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    threads.apply(1)  # NOTE: this process only tokenizes and serves; the scheduler computes
     logging.basicConfig(level=args.log_level.upper(), format="[server] %(levelname)s %(message)s")
     sys.exit(serve(args))

@@ -11,7 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from radixlm.runtime.tokenizer_manager import EngineDeadError, QueueFullError
+from radixlm.runtime.tokenizer_manager import EngineDeadError, QueueFullError, RidInFlightError
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +53,8 @@ def to_api_error(exc: BaseException) -> APIError:
         return exc
     if isinstance(exc, QueueFullError):
         return APIError(503, str(exc), code="queue_full")
+    if isinstance(exc, RidInFlightError):
+        return APIError(409, str(exc), param="rid", code="rid_in_flight")
     if isinstance(exc, EngineDeadError):
         return APIError(503, f"the engine is not running: {exc}", code="engine_dead")
     if isinstance(exc, (ValueError, TypeError)):
@@ -63,7 +65,7 @@ def to_api_error(exc: BaseException) -> APIError:
 
 def guess_param(message: str) -> str | None:
     """The field a validation message starts with ("top_k must be ..."), if any."""
-    match = re.match(r"([a-z][a-z0-9_]*) (?:must|is|are)\b", message)
+    match = re.match(r"([a-z][a-z0-9_.\[\]]*):? (?:must|is|are)\b", message)
     return match.group(1) if match else None
 
 
@@ -104,5 +106,6 @@ def install_handlers(app: FastAPI) -> None:
         err = to_api_error(exc)
         return error_response(err.status, err.message, err.param, err.code)
 
-    for kind in (APIError, QueueFullError, EngineDeadError, ValueError, Exception):
+    kinds = (APIError, QueueFullError, EngineDeadError, RidInFlightError, ValueError, Exception)
+    for kind in kinds:
         app.add_exception_handler(kind, _mapped)

@@ -97,9 +97,12 @@ async def get_model_info(request: Request) -> dict[str, Any]:
 
 @router.get("/get_server_info")
 async def get_server_info(request: Request) -> dict[str, Any]:
-    """The server's arguments, the model's limits and live scheduler stats."""
+    """The server's arguments, the model's limits, live scheduler stats and the requests the
+    tokenizer manager holds (``requests_in_flight``)."""
     state = server_state(request)
-    return {**await state.runtime.server_info(), "served_model_name": state.served_model_name}
+    info = await state.runtime.server_info()
+    in_flight = len(state.runtime.manager.states)
+    return {**info, "served_model_name": state.served_model_name, "requests_in_flight": in_flight}
 
 
 @router.post("/flush_cache")
@@ -116,12 +119,8 @@ async def abort_request(body: AbortRequest, request: Request) -> dict[str, Any]:
     manager = server_state(request).runtime.manager
     if body.rid is None and not body.abort_all:
         raise APIError(400, "give rid or abort_all", param="rid")
-    rids = [
-        rid for rid in list(manager.states)
-        if body.abort_all or rid == body.rid or rid.startswith(f"{body.rid}-")
-    ]
-    for rid in rids or ([body.rid] if body.rid else []):
-        manager.abort(rid)
+    targets = list(manager.states) if body.abort_all else [body.rid]
+    rids = [rid for target in targets for rid in manager.abort(target)]
     return {"success": True, "aborted": rids}
 
 

@@ -12,6 +12,9 @@ from fastapi import APIRouter, Request
 
 from radixlm.runtime.io_struct import GenerateInput, SingleRequest
 from radixlm.server import openai_format as fmt
+from radixlm.server.chat_output import ChoiceStream, chat_message
+from radixlm.server.chat_prompt import template_text
+from radixlm.server.chat_tools import ChatPlan, plan_chat
 from radixlm.server.errors import APIError
 from radixlm.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from radixlm.server.state import ServerState, server_state
@@ -35,6 +38,7 @@ class _Call:
     body: SamplingFields
     reqs: list[SingleRequest]
     kind: str
+    plan: ChatPlan
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -94,8 +98,17 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
                 "messages are unavailable: the server runs with --skip-tokenizer-init (no "
                 "tokenizer for the chat template); send token ids to /v1/completions"
             )
-        obj = fmt.chat_input(body, state.tokenizer, state.chat_template)
-        call = _start(request, body, obj, "chat")
+        template = template_text(state.tokenizer, state.chat_template)
+        args = state.args
+        plan = plan_chat(
+            body, template, args.tool_call_parser, args.reasoning_parser,
+            args.constrained_json_whitespace_pattern,
+        )
+        obj = fmt.chat_input(
+            body, state.tokenizer, state.chat_template, plan,
+            args.constrained_json_whitespace_pattern,
+        )
+        call = _start(request, body, obj, "chat", plan)
         if body.stream:
             return await sse_response(request, _chat_frames(call))
         results = await _finished(request, call)
@@ -105,7 +118,13 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
         raise APIError(400, *fmt.openai_message(str(e))) from None
 
 
-def _start(request: Request, body: SamplingFields, obj: GenerateInput, kind: str) -> _Call:
+def _start(
+    request: Request,
+    body: SamplingFields,
+    obj: GenerateInput,
+    kind: str,
+    plan: ChatPlan | None = None,
+) -> _Call:
     state = server_state(request)
     state.check_model(body.model)
     if state.tokenizer is None:
@@ -114,7 +133,7 @@ def _start(request: Request, body: SamplingFields, obj: GenerateInput, kind: str
             "prompt is unavailable on /v1/completions: the server runs with "
             "--skip-tokenizer-init; POST input_ids to /generate, which returns output_ids"
         )
-    return _Call(state, body, obj.split(), kind)
+    return _Call(state, body, obj.split(), kind, plan or ChatPlan())
 
 
 async def _finished(request: Request, call: _Call) -> list[dict]:
@@ -148,12 +167,18 @@ def _completion_choice(call: _Call, i: int, result: dict) -> dict[str, Any]:
 def _chat_choice(call: _Call, i: int, result: dict) -> dict[str, Any]:
     meta = result["meta_info"]
     body: ChatCompletionRequest = call.body  # type: ignore[assignment]
+    message, has_calls = chat_message(call.plan, result["text"])
     return {
         "index": i,
-        "message": {"role": "assistant", "content": result["text"]},
+        "message": message,
         "logprobs": fmt.chat_logprobs(meta, 0) if body.logprobs else None,
-        "finish_reason": fmt.finish_reason(meta),
+        "finish_reason": _chat_finish(meta, has_calls),
     }
+
+
+def _chat_finish(meta: dict[str, Any], has_calls: bool) -> str | None:
+    reason = fmt.finish_reason(meta)
+    return "tool_calls" if reason == "stop" and has_calls else reason
 
 
 # -- streaming ------------------------------------------------------------------------------------
@@ -211,6 +236,7 @@ async def _completion_frames(call: _Call) -> AsyncIterator[str]:
 async def _chat_frames(call: _Call) -> AsyncIterator[str]:
     body: ChatCompletionRequest = call.body  # type: ignore[assignment]
     progress = _Progress(len(call.reqs))
+    streams = [ChoiceStream(call.plan) for _ in call.reqs]
     obj = "chat.completion.chunk"
     async for i, chunk in generate_chunks(call.state.runtime, call.reqs):
         text, lp_start, first = progress.advance(i, chunk)
@@ -220,11 +246,26 @@ async def _chat_frames(call: _Call) -> AsyncIterator[str]:
             yield sse(_chunk(call, obj, {**role, "finish_reason": None}))
         if progress.idle(i, text, lp_start, meta):
             continue
+        delta = streams[i].feed(text)
+        finish = fmt.finish_reason(meta)
+        if finish is not None:
+            delta = _joined(delta, streams[i].finish())
+            finish = _chat_finish(meta, streams[i].has_calls)
         logprobs = fmt.chat_logprobs(meta, lp_start) if body.logprobs else None
-        choice = {"index": i, "delta": {"content": text} if text else {}, "logprobs": logprobs}
-        yield sse(_chunk(call, obj, {**choice, "finish_reason": fmt.finish_reason(meta)}))
+        if not delta and finish is None and not (logprobs and logprobs["content"]):
+            continue
+        choice = {"index": i, "delta": delta, "logprobs": logprobs}
+        yield sse(_chunk(call, obj, {**choice, "finish_reason": finish}))
     async for frame in _stream_end(call, progress, obj):
         yield frame
+
+
+def _joined(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Two deltas of one choice as one (text fields concatenated, call lists appended)."""
+    out = dict(a)
+    for key, value in b.items():
+        out[key] = out[key] + value if key in out else value
+    return out
 
 
 def _chunk(call: _Call, obj: str, choice: dict[str, Any]) -> dict[str, Any]:

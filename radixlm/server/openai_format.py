@@ -6,9 +6,10 @@ import json
 import os
 from typing import Any
 
-import jinja2
-
+from radixlm.runtime.constrained.schema_regex import json_schema_regex
 from radixlm.runtime.io_struct import GenerateInput
+from radixlm.server.chat_prompt import render_chat
+from radixlm.server.chat_tools import ChatPlan, with_reasoning
 from radixlm.server.errors import guess_param
 from radixlm.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 
@@ -68,15 +69,22 @@ def completion_input(req: CompletionRequest) -> GenerateInput:
     )
 
 
-def chat_input(req: ChatCompletionRequest, tokenizer, template: str | None) -> GenerateInput:
+def chat_input(
+    req: ChatCompletionRequest, tokenizer, template: str | None, plan: ChatPlan, whitespace: str
+) -> GenerateInput:
     params = sampling_params(req, req.max_completion_tokens or req.max_tokens)
-    fmt = req.response_format
-    if fmt is not None and fmt.type != "text":
-        if "json_schema" in params or "regex" in params:
-            raise ValueError("response_format cannot be combined with regex or json_schema")
-        schema = fmt.json_schema.schema_ if fmt.type == "json_schema" and fmt.json_schema else None
-        params["json_schema"] = json.dumps(schema or {"type": "object"})
-    ids = tokenizer.encode(render_chat(tokenizer, req, template), add_special_tokens=False)
+    regex = _response_format_regex(req, params, plan, whitespace)
+    if plan.regex is not None:
+        if regex is not None or "json_schema" in params or "regex" in params:
+            raise ValueError(
+                "tool_choice (required, a named tool, or auto with a strict tool) cannot be "
+                "combined with response_format, regex or json_schema"
+            )
+        regex = plan.regex
+    if regex is not None:
+        params["regex"] = with_reasoning(plan, regex)
+    prompt = render_chat(tokenizer, req, template, plan.tools)
+    ids = tokenizer.encode(prompt, add_special_tokens=False)
     if not ids:
         raise ValueError("messages: the chat template produced an empty prompt")
     return GenerateInput(
@@ -89,20 +97,25 @@ def chat_input(req: ChatCompletionRequest, tokenizer, template: str | None) -> G
     )
 
 
-def render_chat(tokenizer, req: ChatCompletionRequest, template: str | None) -> str:
-    """The prompt text of a conversation, ending with the assistant's turn opened."""
-    messages = [
-        {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-        for m in req.messages
-    ]
-    if template is None and not getattr(tokenizer, "chat_template", None):
-        raise ValueError("the model has no chat template; start the server with --chat-template")
+def _response_format_regex(
+    req: ChatCompletionRequest, params: dict[str, Any], plan: ChatPlan, whitespace: str
+) -> str | None:
+    """``response_format`` as a json_schema param, or as a regex when a reasoning block must
+    come first (None then means the json_schema param was set)."""
+    fmt = req.response_format
+    if fmt is None or fmt.type == "text":
+        return None
+    if "json_schema" in params or "regex" in params:
+        raise ValueError("response_format cannot be combined with regex or json_schema")
+    schema = fmt.json_schema.schema_ if fmt.type == "json_schema" and fmt.json_schema else None
+    spec = json.dumps(schema or {"type": "object"})
+    if plan.reasoning is None:
+        params["json_schema"] = spec
+        return None
     try:
-        return tokenizer.apply_chat_template(
-            messages, chat_template=template, tokenize=False, add_generation_prompt=True
-        )
-    except jinja2.TemplateError as e:
-        raise ValueError(f"messages: the chat template rejected them: {e}") from None
+        return json_schema_regex(spec, whitespace)
+    except ValueError as e:
+        raise ValueError(f"response_format.json_schema.schema: {e}") from None
 
 
 def load_chat_template(spec: str | None) -> str | None:

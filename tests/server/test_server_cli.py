@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from radixlm.server.chat_prompt import render_chat
 from radixlm.server.cli import parse_args
-from radixlm.server.openai_format import load_chat_template, render_chat
+from radixlm.server.openai_format import load_chat_template
 from radixlm.server.protocol import ChatCompletionRequest
 
 

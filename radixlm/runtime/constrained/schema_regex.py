@@ -80,6 +80,22 @@ def json_schema_regex(schema: str, whitespace_pattern: str) -> str:
         raise ValueError(f"unsupported json_schema: {e}") from e
     for placeholder, patch in patches.items():
         regex = regex.replace(json.dumps(placeholder), f"({patch})")
+    return bound_numbers(regex)
+
+
+# NOTE: outlines-core's number pieces have no length limit, and a small model can loop in a
+# number until max_tokens; a double holds 17 significant digits, more is noise.
+_UNBOUNDED_NUMBER_PARTS = {
+    "(0|[1-9][0-9]*)": "(0|[1-9][0-9]{0,15})",
+    r"(\.[0-9]+)?": r"(\.[0-9]{1,16})?",
+    r"([eE][+-][0-9]+)?": r"([eE][+-][0-9]{1,3})?",
+}
+
+
+def bound_numbers(regex: str) -> str:
+    """The schema regex with integer digits, fraction digits and exponents bounded."""
+    for unbounded, bounded in _UNBOUNDED_NUMBER_PARTS.items():
+        regex = regex.replace(unbounded, bounded)
     return regex
 
 

@@ -14,12 +14,13 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from radixlm.runtime import threads
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.distributed.router import Router
 from radixlm.runtime.io_struct import SingleRequest
 from radixlm.runtime.launcher import Backend, launch
 from radixlm.runtime.messages import ControlOut, GenerateReq
-from radixlm.runtime.tokenizer_manager import TokenizerManager
+from radixlm.runtime.tokenizer_manager import RidInFlightError, TokenizerManager
 
 
 class ReplicaSet:
@@ -43,8 +44,10 @@ class ReplicaSet:
 
 
 def launch_replicas(args: ServerArgs) -> ReplicaSet:
-    """Start ``args.dp_size`` replicas side by side (replica i on GPUs from ``i * tp_size``)."""
-    one = args.replace(dp_size=1)
+    """Start ``args.dp_size`` replicas side by side (replica i on GPUs from ``i * tp_size``);
+    by default they share the CPU cores."""
+    per_rank = threads.compute_threads(args.num_threads, args.dp_size * args.tp_size)
+    one = args.replace(dp_size=1, num_threads=per_rank)
     with ThreadPoolExecutor(args.dp_size) as pool:
         futures = [pool.submit(launch, one, i * args.tp_size) for i in range(args.dp_size)]
     started = [f.result() for f in futures if f.exception() is None]
@@ -106,7 +109,7 @@ class DataParallelManager:
         """``TokenizerManager.generate`` on the replica the router picks."""
         msg = self.prepare(req)
         if req.rid in self.owner:
-            raise ValueError(f"rid {req.rid!r} is already in flight")
+            raise RidInFlightError(f"rid {req.rid!r} is already in flight")
         replica = self.router.route(msg.input_ids)
         self.owner[req.rid] = replica
         try:
@@ -124,11 +127,8 @@ class DataParallelManager:
             pass
         return last
 
-    def abort(self, rid: str) -> None:
-        replica = self.owner.get(rid)
-        for i, manager in enumerate(self.managers):
-            if replica is None or replica == i:
-                manager.abort(rid)
+    def abort(self, rid: str) -> list[str]:
+        return [r for manager in self.managers for r in manager.abort(rid)]
 
     async def control(self, kind: str, timeout: float = 30.0) -> ControlOut:
         outs = await asyncio.gather(*(m.control(kind, timeout) for m in self.managers))

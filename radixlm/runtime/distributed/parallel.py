@@ -84,11 +84,10 @@ def check_gpu_count(device: str, tp_size: int) -> None:
 
 
 def init_tp_group(info: RankInfo, device: torch.device) -> TPGroup:
-    """Join the replica's process group (NCCL on CUDA, gloo on CPU); blocks until all ranks do."""
+    """Join the replica's process group (NCCL on CUDA, gloo on CPU); blocks until all ranks do.
+    Each rank's CPU threads were set at its start (``runtime.threads``)."""
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    else:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // info.tp_size))
     dist.init_process_group(
         "nccl" if device.type == "cuda" else "gloo",
         init_method=info.init_method,

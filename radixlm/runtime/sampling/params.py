@@ -10,6 +10,9 @@ from typing import Any
 from radixlm.runtime.constrained.specs import check_regex, constraint_from_params
 
 
+INT32_MAX = 2**31 - 1  # NOTE: every integer crosses the wire as msgpack; bound them all
+
+
 @dataclass
 class SamplingParams:
     """What to generate and how. ``from_dict`` validates and names any bad field."""
@@ -58,8 +61,8 @@ class SamplingParams:
         return self.temperature == 0.0 or self.top_k == 1
 
     def validate(self) -> None:
-        _int_range("max_new_tokens", self.max_new_tokens, 0)
-        _int_range("min_new_tokens", self.min_new_tokens, 0)
+        _int_range("max_new_tokens", self.max_new_tokens, 0, INT32_MAX)
+        _int_range("min_new_tokens", self.min_new_tokens, 0, INT32_MAX)
         _int_range("n", self.n, 1, 128)
         _num_range("temperature", self.temperature, 0.0, 100.0)
         _num_range("top_p", self.top_p, 0.0, 1.0, low_open=True)
@@ -71,6 +74,7 @@ class SamplingParams:
             not isinstance(self.top_k, int)
             or isinstance(self.top_k, bool)
             or (self.top_k < 1 and self.top_k not in (-1, 0))
+            or self.top_k > INT32_MAX
         ):
             raise ValueError(
                 f"top_k must be -1 (all tokens) or an integer >= 1, got {self.top_k!r}"
@@ -82,13 +86,14 @@ class SamplingParams:
                 f"stop must be a non-empty string or a list of them, got {self.stop!r}"
             )
         if not isinstance(self.stop_token_ids, list) or not all(
-            isinstance(t, int) and t >= 0 for t in self.stop_token_ids
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= INT32_MAX
+            for t in self.stop_token_ids
         ):
             raise ValueError(
                 f"stop_token_ids must be a list of token ids, got {self.stop_token_ids!r}"
             )
-        if self.sampling_seed is not None and not isinstance(self.sampling_seed, int):
-            raise ValueError(f"sampling_seed must be an integer, got {self.sampling_seed!r}")
+        if self.sampling_seed is not None:
+            _int_range("sampling_seed", self.sampling_seed, -(2**63), 2**63 - 1)
         if self.min_new_tokens > self.max_new_tokens:
             raise ValueError(
                 f"min_new_tokens ({self.min_new_tokens}) must be <= "

@@ -10,7 +10,7 @@ import traceback
 
 import zmq
 
-from radixlm.runtime import ipc
+from radixlm.runtime import ipc, threads
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.distributed.parallel import RankInfo
 from radixlm.runtime.executor.model_runner import ModelRunner
@@ -29,6 +29,7 @@ def run_scheduler_process(
         level=args.log_level.upper(), format="[scheduler] %(levelname)s %(message)s"
     )
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logger.info(threads.describe())
     parent = os.getppid()
     try:
         scheduler = Scheduler(args, ModelRunner(args, rank))

@@ -1,0 +1,104 @@
+"""How many torch threads each process runs, and how idle OpenMP threads wait.
+
+Only the processes that compute (the scheduler and the tensor-parallel ranks) get a thread pool;
+the detokenizer and the server run torch with one thread. Idle OpenMP threads sleep rather than
+spin, so that a core taken by other work slows the engine down instead of stalling it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Mapping
+
+ENV_VAR = "RADIXLM_NUM_THREADS"
+MAX_DEFAULT_THREADS = 8
+# NOTE: libgomp (torch's OpenMP) reads these once, when it loads: they must be in a child's
+# environment before it imports torch. A wait setting the user made is kept.
+WAIT_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+PASSIVE_WAIT = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def compute_threads(
+    num_threads: int | None, processes: int = 1, environ: Mapping[str, str] = os.environ
+) -> int:
+    """Threads for each computing process: ``num_threads`` when given, else the
+    ``RADIXLM_NUM_THREADS`` variable, else ``OMP_NUM_THREADS``, else the physical cores shared
+    among ``processes`` (at most ``MAX_DEFAULT_THREADS``, at least 1)."""
+    if num_threads is not None:
+        return _positive("num_threads", num_threads)
+    for name in (ENV_VAR, "OMP_NUM_THREADS"):
+        if environ.get(name, "").strip():
+            return _positive(name, environ[name])
+    return max(1, min(available_cores() // processes, MAX_DEFAULT_THREADS))
+
+
+def child_env(threads: int, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The environment for a child process that runs torch with ``threads`` threads."""
+    env = dict(environ)
+    if not any(name in env for name in WAIT_VARS):
+        env.update(PASSIVE_WAIT)
+    env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
+    return env
+
+
+def apply(threads: int) -> None:
+    """Run this process's torch with ``threads`` intra-op threads and one inter-op thread."""
+    import torch
+
+    torch.set_num_threads(threads)
+    with contextlib.suppress(RuntimeError):  # NOTE: refused once inter-op work has started
+        torch.set_num_interop_threads(1)
+
+
+def describe() -> str:
+    """One line for the log: this process's torch threads and OpenMP wait policy."""
+    import torch
+
+    policy = os.environ.get("OMP_WAIT_POLICY", "default").lower()
+    spin = os.environ.get("GOMP_SPINCOUNT")
+    return f"torch threads: {torch.get_num_threads()}, OpenMP wait policy: {policy}" + (
+        f" (GOMP_SPINCOUNT={spin})" if spin is not None else ""
+    )
+
+
+def available_cores() -> int:
+    """Physical cores this process may use: its CPU affinity, one per group of SMT siblings,
+    capped by a cgroup CPU quota."""
+    if hasattr(os, "sched_getaffinity"):
+        cpus = os.sched_getaffinity(0)
+    else:
+        cpus = range(os.cpu_count() or 1)
+    cores = len({_core_of(cpu) for cpu in cpus})
+    quota = _cgroup_cpu_quota()
+    return max(1, min(cores, quota) if quota else cores)
+
+
+def _core_of(cpu: int) -> str:
+    path = f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list"
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return str(cpu)
+
+
+def _cgroup_cpu_quota() -> int | None:
+    """``cpu.max`` of cgroup v2 in whole CPUs (rounded up), or None without a limit."""
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+    except (OSError, ValueError):
+        return None
+    return None if quota == "max" else max(1, math.ceil(int(quota) / int(period)))
+
+
+def _positive(name: str, value: int | str) -> int:
+    try:
+        threads = int(value)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}") from None
+    if threads < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return threads

@@ -1,0 +1,83 @@
+"""Reading an assistant output back (reasoning, tool calls), whole and streamed, and the grammar
+a chat request gets; no server needed."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from tool_defs import TOOLS, WEATHER
+
+from radixlm.server.chat_output import ChoiceStream, chat_message
+from radixlm.server.chat_tools import plan_chat, with_reasoning
+from radixlm.server.protocol import ChatCompletionRequest
+
+HERMES_TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %}{{ tools }}<tool_call>"
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>'  # noqa: E501
+OUTPUT = "<think>\nThe user wants weather.\n</think>\n\nLet me check." + CALL
+
+
+def _plan(reasoning="qwen3", **body):
+    req = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], **body)
+    return plan_chat(req, HERMES_TEMPLATE, None, reasoning, "")
+
+
+def _streamed(plan, text, step):
+    stream, deltas = ChoiceStream(plan), []
+    for i in range(0, len(text), step):
+        deltas.append(stream.feed(text[i : i + step]))
+    deltas.append(stream.finish())
+    return deltas, stream.has_calls
+
+
+def test_whole_output_splits_reasoning_content_and_calls():
+    message, has_calls = chat_message(_plan(tools=TOOLS), OUTPUT)
+    assert has_calls and message["reasoning_content"] == "The user wants weather."
+    assert message["reasoning"] == message["reasoning_content"]
+    assert message["content"] == "Let me check."
+    (call,) = message["tool_calls"]
+    assert call["function"]["name"] == "get_weather" and call["id"].startswith("call_")
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris", "unit": "celsius"}
+
+
+@pytest.mark.parametrize("step", [1, 3, 7, 1000])
+def test_streamed_deltas_join_to_the_whole_output(step):
+    plan = _plan(tools=TOOLS)
+    deltas, has_calls = _streamed(plan, OUTPUT, step)
+    whole, _ = chat_message(plan, OUTPUT)
+    joined = lambda key: "".join(d.get(key, "") for d in deltas)  # noqa: E731
+    assert has_calls
+    assert joined("reasoning_content") == whole["reasoning_content"]
+    assert joined("content") == whole["content"]
+    calls = [c for d in deltas for c in d.get("tool_calls", [])]
+    assert calls[0]["function"]["name"] == "get_weather"
+    args = "".join(c["function"].get("arguments", "") for c in calls)
+    assert args == whole["tool_calls"][0]["function"]["arguments"]
+    assert all("<tool_call>" not in d.get("content", "") for d in deltas)
+
+
+def test_without_tools_the_call_text_is_plain_content():
+    message, has_calls = chat_message(_plan(reasoning=None), CALL)
+    assert not has_calls and message["content"] == CALL
+
+
+def test_required_grammar_admits_only_calls_after_the_reasoning_block():
+    plan = _plan(tools=[WEATHER], tool_choice="required", parallel_tool_calls=False)
+    assert plan.calls_only
+    regex = with_reasoning(plan, plan.regex)
+    compact = '<tool_call>\n{"name":"get_weather","arguments":{"city":"Paris","unit":"celsius"}}\n</tool_call>'  # noqa: E501
+    assert re.fullmatch(regex, compact)
+    assert re.fullmatch(regex, "<think>\nhmm <b>\n</think>\n\n" + compact)
+    assert not re.fullmatch(regex, "Sure! " + compact)
+    assert not re.fullmatch(regex, compact.replace("celsius", "kelvin"))
+
+
+def test_auto_with_a_strict_tool_allows_text_then_a_valid_call():
+    strict = {**WEATHER, "function": {**WEATHER["function"], "strict": True}}
+    plan = _plan(reasoning=None, tools=[strict], tool_choice="auto", parallel_tool_calls=False)
+    compact = '<tool_call>\n{"name":"get_weather","arguments":{"city":"Oslo","unit":"celsius"}}\n</tool_call>'  # noqa: E501
+    assert not plan.calls_only
+    assert re.fullmatch(plan.regex, "Plain answer, a < b.")
+    assert re.fullmatch(plan.regex, "Checking. " + compact)
+    assert not re.fullmatch(plan.regex, "Checking. <tool_call>\n{}\n</tool_call>")
