@@ -129,6 +129,7 @@ class ServerArgs:
     host: str = "127.0.0.1"
     port: int = 30000
     api_key: str | None = None
+    max_request_bytes: int = 8 * 1024 * 1024  # larger bodies get 413 before they are parsed
     served_model_name: str | None = None
     chat_template: str | None = None
     # None: chosen from the chat template (hermes when it has no tool markup of its own).
@@ -152,6 +153,7 @@ class ServerArgs:
             "dp_size",
             "page_size",
             "cuda_graph_max_bs",
+            "max_request_bytes",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -6,7 +6,6 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-
 MAX_N = 128  # samples per prompt
 MAX_REQUESTS = 1024  # requests per call (prompts x n)
 

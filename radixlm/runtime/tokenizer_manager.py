@@ -7,6 +7,7 @@ state; everything it knows about a request arrives as TextOut messages.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import time
@@ -53,6 +54,20 @@ class _ReqState:
     last_token_at: float | None = None
 
 
+THREAD_TOKENIZE_CHARS = 20_000  # longer texts are tokenised off the event loop
+
+
+def check_text(field: str, text: str) -> None:
+    """ValueError naming ``field`` when ``text`` cannot be encoded (a lone surrogate)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(
+            f"{field} is not valid Unicode: a lone surrogate {text[e.start]!r} at character "
+            f"{e.start}"
+        ) from None
+
+
 def _check_without_tokenizer(req: SingleRequest, params: SamplingParams) -> None:
     if req.text is not None:
         raise ValueError(
@@ -87,11 +102,28 @@ class TokenizerManager:
 
     # -- requests ----------------------------------------------------------------------------
 
+    async def tokenize(self, req: SingleRequest) -> SingleRequest:
+        """``req`` with its text tokenised; long texts on a worker thread, so that one huge
+        prompt does not stall every other client on the event loop."""
+        if req.text is None or self.tokenizer is None:
+            return req
+        check_text("text", req.text)
+        if len(req.text) < THREAD_TOKENIZE_CHARS:
+            return dataclasses.replace(req, input_ids=self.tokenizer.encode(req.text))
+        ids = await asyncio.get_running_loop().run_in_executor(
+            None, self.tokenizer.encode, req.text
+        )
+        return dataclasses.replace(req, input_ids=ids)
+
     def prepare(self, req: SingleRequest) -> GenerateReq:
         """Tokenise and validate; raises ValueError naming the problem."""
         params = SamplingParams.from_dict(req.sampling)
         if self.tokenizer is None:
             _check_without_tokenizer(req, params)
+        for i, stop in enumerate(params.stop):
+            check_text(f"stop[{i}]", stop)
+        if req.input_ids is None:
+            check_text("text", req.text)
         ids = req.input_ids if req.input_ids is not None else self.tokenizer.encode(req.text)
         if not ids:
             raise ValueError("the prompt is empty")
@@ -128,7 +160,7 @@ class TokenizerManager:
     async def generate(self, req: SingleRequest) -> AsyncIterator[dict[str, Any]]:
         """Yield the response so far after each update (``text`` cumulative); the last one has a
         ``finish_reason``. Closing the iterator early aborts the request."""
-        msg = self.prepare(req)
+        msg = self.prepare(await self.tokenize(req))
         self._check_capacity()
         if req.rid in self.states:
             raise RidInFlightError(f"rid {req.rid!r} is already in flight")

@@ -15,6 +15,7 @@ from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.launcher import launch
 from radixlm.runtime.runtime import Runtime
 from radixlm.server import native, openai_api
+from radixlm.server.body_limit import BodyLimitMiddleware
 from radixlm.server.errors import error_response, install_handlers
 from radixlm.server.metrics import ServerMetrics
 from radixlm.server.openai_format import load_chat_template
@@ -53,6 +54,7 @@ def create_app(args: ServerArgs, on_fatal: Callable[[str], None] | None = None) 
     app.include_router(native.router)
     app.include_router(openai_api.router)
     app.add_middleware(JSONBodyMiddleware)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=args.max_request_bytes)
     if args.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=args.api_key)
     return app

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from radixlm.runtime.io_struct import GenerateInput, SingleRequest
-from radixlm.runtime.tokenizer_manager import EngineDeadError
+from radixlm.runtime.tokenizer_manager import EngineDeadError, check_text
 from radixlm.server.errors import APIError, error_response
 from radixlm.server.protocol import (
     AbortRequest,
@@ -127,6 +127,7 @@ async def abort_request(body: AbortRequest, request: Request) -> dict[str, Any]:
 @router.post("/tokenize")
 async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
     state = server_state(request)
+    check_text("text", body.text)
     tokens = _tokenizer(state).encode(body.text, add_special_tokens=body.add_special_tokens)
     return {"tokens": tokens, "count": len(tokens), "max_model_len": state.context_len}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -11,6 +12,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from radixlm.runtime.io_struct import GenerateInput, SingleRequest
+from radixlm.runtime.tokenizer_manager import THREAD_TOKENIZE_CHARS
 from radixlm.server import openai_format as fmt
 from radixlm.server.chat_output import ChoiceStream, chat_message
 from radixlm.server.chat_prompt import template_text
@@ -104,8 +106,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
             body, template, args.tool_call_parser, args.reasoning_parser,
             args.constrained_json_whitespace_pattern,
         )
-        obj = fmt.chat_input(
-            body, state.tokenizer, state.chat_template, plan,
+        obj = await _off_loop_if_long(
+            body, fmt.chat_input, body, state.tokenizer, state.chat_template, plan,
             args.constrained_json_whitespace_pattern,
         )
         call = _start(request, body, obj, "chat", plan)
@@ -116,6 +118,15 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
         return {**call.envelope("chat.completion", choices), "usage": fmt.usage(results, body.n)}
     except ValueError as e:
         raise APIError(400, *fmt.openai_message(str(e))) from None
+
+
+async def _off_loop_if_long(body: ChatCompletionRequest, fn, *args):
+    """``fn(*args)``, on a worker thread when the conversation is long enough that rendering
+    and tokenising it would stall other clients."""
+    size = sum(len(m.text()) for m in body.messages)
+    if size < THREAD_TOKENIZE_CHARS:
+        return fn(*args)
+    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
 
 def _start(

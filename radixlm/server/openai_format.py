@@ -8,6 +8,7 @@ from typing import Any
 
 from radixlm.runtime.constrained.schema_regex import json_schema_regex
 from radixlm.runtime.io_struct import GenerateInput
+from radixlm.runtime.tokenizer_manager import check_text
 from radixlm.server.chat_prompt import render_chat
 from radixlm.server.chat_tools import ChatPlan, with_reasoning
 from radixlm.server.errors import guess_param
@@ -84,6 +85,7 @@ def chat_input(
     if regex is not None:
         params["regex"] = with_reasoning(plan, regex)
     prompt = render_chat(tokenizer, req, template, plan.tools)
+    check_text("messages", prompt)
     ids = tokenizer.encode(prompt, add_special_tokens=False)
     if not ids:
         raise ValueError("messages: the chat template produced an empty prompt")

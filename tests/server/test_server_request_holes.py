@@ -41,8 +41,8 @@ def test_no_request_state_is_left_after_failures(tiny_client):
     for extra, _ in NATIVE_BIG * 2:
         tiny_client.post("/generate", json={"text": "hi", **extra})
     assert tiny_client.get("/get_server_info").json()["requests_in_flight"] == 0
-    ok = tiny_client.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}})
-    assert ok.status_code == 200
+    body = {"text": "hi", "sampling_params": {"max_new_tokens": 2}}
+    assert tiny_client.post("/generate", json=body).status_code == 200
 
 
 def _stream_in_background(server, rid: str, tokens: int) -> tuple[threading.Thread, list]:
@@ -81,7 +81,8 @@ def test_a_rid_in_flight_is_409_and_a_finished_one_is_reusable(tiny_server, tiny
     again = tiny_client.post(
         "/generate", json={"text": "x", "rid": "dup", "sampling_params": {"max_new_tokens": 3}}
     )
-    assert again.status_code == 200 and again.json()["meta_info"]["finish_reason"]["type"] == "length"
+    assert again.status_code == 200
+    assert again.json()["meta_info"]["finish_reason"]["type"] == "length"
 
 
 def test_samples_of_n_are_aborted_through_their_parent(tiny_server, tiny_client):
@@ -95,3 +96,33 @@ def test_samples_of_n_are_aborted_through_their_parent(tiny_server, tiny_client)
         assert sorted(aborted) == ["fam-0", "fam-1"]
         for _ in lines:
             pass
+
+
+SURROGATE = '"a\\ud800b"'  # JSON text of a string holding a lone surrogate
+
+
+@pytest.mark.parametrize(("route", "body", "needle"), [
+    ("/generate", '{"text": S}', "text"),
+    ("/generate", '{"text": "a", "sampling_params": {"stop": [S]}}', "stop[0]"),
+    ("/tokenize", '{"text": S}', "text"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": S}]}', "messages"),
+])
+def test_lone_surrogates_are_400_naming_the_field(tiny_client, route, body, needle):
+    body = body.replace("S", SURROGATE)
+    r = tiny_client.post(route, content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"].startswith(f"{needle} is not valid Unicode")
+
+
+def test_oversized_bodies_are_413_before_parsing(tiny_client):
+    huge = b'{"text": "' + b"a" * (9 * 1024 * 1024) + b'"}'
+    r = tiny_client.post("/generate", content=huge)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+
+    def chunks():  # no Content-Length: refused while it is read
+        for _ in range(10):
+            yield b"a" * (1024 * 1024)
+
+    r = tiny_client.post("/generate", content=chunks())
+    assert r.status_code == 413
+    assert tiny_client.get("/health").status_code == 200

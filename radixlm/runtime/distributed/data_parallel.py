@@ -107,7 +107,7 @@ class DataParallelManager:
 
     async def generate(self, req: SingleRequest) -> AsyncIterator[dict[str, Any]]:
         """``TokenizerManager.generate`` on the replica the router picks."""
-        msg = self.prepare(req)
+        msg = self.prepare(await self.managers[0].tokenize(req))
         if req.rid in self.owner:
             raise RidInFlightError(f"rid {req.rid!r} is already in flight")
         replica = self.router.route(msg.input_ids)

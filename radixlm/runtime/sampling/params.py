@@ -9,7 +9,6 @@ from typing import Any
 
 from radixlm.runtime.constrained.specs import check_regex, constraint_from_params
 
-
 INT32_MAX = 2**31 - 1  # NOTE: every integer crosses the wire as msgpack; bound them all
 
 
