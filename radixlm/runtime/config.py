@@ -84,6 +84,10 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 LOAD_BALANCE_METHODS = ("cache_aware", "round_robin", "least_load")
 QUANTIZATIONS = ("auto", "none", "int4")
+# NOTE: the registries (constrained/base.py, executor/attention/base.py) hold the same names;
+# they are repeated here so that a bad flag is refused before any model or backend loads.
+GRAMMAR_BACKENDS = ("outlines", "llguidance")
+ATTENTION_BACKENDS = ("torch", "triton")
 
 
 @dataclass(frozen=True)
@@ -146,6 +150,9 @@ class ServerArgs:
         _check_choice("quantization", self.quantization, QUANTIZATIONS)
         _check_choice("schedule_policy", self.schedule_policy, SCHEDULE_POLICIES)
         _check_choice("load_balance_method", self.load_balance_method, LOAD_BALANCE_METHODS)
+        _check_choice("grammar_backend", self.grammar_backend, GRAMMAR_BACKENDS)
+        if self.attention_backend is not None:
+            _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         for name in (
             "max_running_requests",
             "max_prefill_tokens",

@@ -12,7 +12,9 @@ import uvicorn
 
 from radixlm.runtime import threads
 from radixlm.runtime.config import (
+    ATTENTION_BACKENDS,
     DTYPES,
+    GRAMMAR_BACKENDS,
     LOAD_FORMATS,
     QUANTIZATIONS,
     SCHEDULE_POLICIES,
@@ -41,7 +43,8 @@ HELP = {
     "$RADIXLM_NUM_THREADS, else $OMP_NUM_THREADS, else the physical cores they share, at most 8)",
 }
 CHOICES = {"dtype": DTYPES, "load_format": LOAD_FORMATS, "schedule_policy": SCHEDULE_POLICIES,
-           "quantization": QUANTIZATIONS, "tool_call_parser": sorted(TOOL_PARSERS),
+           "quantization": QUANTIZATIONS, "grammar_backend": GRAMMAR_BACKENDS,
+           "attention_backend": ATTENTION_BACKENDS, "tool_call_parser": sorted(TOOL_PARSERS),
            "reasoning_parser": sorted(REASONING_PARSERS)}  # fmt: skip
 
 

@@ -56,8 +56,16 @@ def test_tp_size_that_does_not_divide_the_heads_is_refused(tiny_llama):
 
 
 def test_ranks_that_fail_to_start_fail_the_launch(tiny_llama):
-    with pytest.raises(RuntimeError, match="failed to start: ValueError: attention_backend"):
-        Engine(tiny_llama, dtype="float32", tp_size=2, attention_backend="no-such-backend")
+    # NOTE: a device name torch does not know passes the option checks and fails in each rank
+    with pytest.raises(RuntimeError, match="failed to start: RuntimeError: .*no-such-device"):
+        Engine(tiny_llama, dtype="float32", tp_size=2, device="no-such-device")
+
+
+def test_unknown_backends_are_refused_before_anything_starts(tiny_llama):
+    with pytest.raises(ValueError, match="attention_backend must be one of"):
+        Engine(tiny_llama, dtype="float32", attention_backend="no-such-backend")
+    with pytest.raises(ValueError, match="grammar_backend must be one of"):
+        Engine(tiny_llama, dtype="float32", grammar_backend="xgrammar")
 
 
 def test_dead_rank_is_reported(tiny_tp2):
