@@ -4,8 +4,10 @@ HTTP server alike."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -42,13 +44,33 @@ class Runtime:
         return cls(args, backend, manager)
 
     async def _watchdog(self) -> None:
+        """Fail every request once a child process died, or once the scheduler has not answered
+        a ping for ``watchdog_timeout`` seconds (it answers between steps: a step that long is
+        hung). The server then reports 503 and exits, as for a dead scheduler."""
+        ping: asyncio.Task | None = None
+        sent = 0.0
         while True:
             await asyncio.sleep(0.5)
-            reason = self.backend.dead_reason()
+            reason = self.backend.dead_reason() or self._hung(ping, sent)
             if reason:
                 logger.error("%s; failing requests in flight", reason)
                 self.manager.fail_all(reason)
                 return
+            if ping is None or ping.done():
+                ping, sent = asyncio.ensure_future(self._ping()), time.monotonic()
+
+    async def _ping(self) -> None:
+        """Ask the scheduler for its stats; at most one ping a second."""
+        start = time.monotonic()
+        with contextlib.suppress(Exception):
+            await self.manager.control("stats", timeout=self.args.watchdog_timeout + 60)
+        await asyncio.sleep(max(0.0, 1.0 - (time.monotonic() - start)))
+
+    def _hung(self, ping: asyncio.Task | None, sent: float) -> str | None:
+        waited = time.monotonic() - sent
+        if ping is None or ping.done() or self.manager.dead or waited <= self.args.watchdog_timeout:
+            return None
+        return f"the scheduler is hung: no step finished in {waited:.0f} s (--watchdog-timeout)"
 
     @property
     def alive(self) -> bool:

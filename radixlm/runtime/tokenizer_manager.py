@@ -36,6 +36,10 @@ class EngineDeadError(RuntimeError):
     """The scheduler or detokenizer process is gone."""
 
 
+class SchedulerTimeoutError(RuntimeError):
+    """A control request got no answer in time (the scheduler is busy or hung)."""
+
+
 class RidInFlightError(RuntimeError):
     """A request with this rid is still running (a finished rid may be reused)."""
 
@@ -211,6 +215,10 @@ class TokenizerManager:
         ipc.send(self.to_scheduler, ControlReq(cid, kind))
         try:
             return await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            raise SchedulerTimeoutError(
+                f"the scheduler did not answer {kind!r} within {timeout:.0f} s"
+            ) from None
         finally:
             self.controls.pop(cid, None)
 

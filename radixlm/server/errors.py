@@ -11,7 +11,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from radixlm.runtime.tokenizer_manager import EngineDeadError, QueueFullError, RidInFlightError
+from radixlm.runtime.tokenizer_manager import (
+    EngineDeadError,
+    QueueFullError,
+    RidInFlightError,
+    SchedulerTimeoutError,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +45,9 @@ class APIError(Exception):
 def error_body(status: int, message: str, param: str | None = None, code: Any = None) -> dict:
     """``{"error": {"message", "type", "param", "code"}}`` as OpenAI answers."""
     kind = ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
-    return {"error": {"message": message, "type": kind, "param": param, "code": code or status}}
+    # NOTE: ``code`` is always a string (OpenAI's clients treat it as one); the status by default
+    code = str(code or status)
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 def error_response(status: int, message: str, param: str | None = None, code: Any = None):
@@ -53,6 +60,8 @@ def to_api_error(exc: BaseException) -> APIError:
         return exc
     if isinstance(exc, QueueFullError):
         return APIError(503, str(exc), code="queue_full")
+    if isinstance(exc, SchedulerTimeoutError):
+        return APIError(503, str(exc), code="scheduler_timeout")
     if isinstance(exc, RidInFlightError):
         return APIError(409, str(exc), param="rid", code="rid_in_flight")
     if isinstance(exc, EngineDeadError):
@@ -106,6 +115,9 @@ def install_handlers(app: FastAPI) -> None:
         err = to_api_error(exc)
         return error_response(err.status, err.message, err.param, err.code)
 
-    kinds = (APIError, QueueFullError, EngineDeadError, RidInFlightError, ValueError, Exception)
+    kinds = (
+        APIError, QueueFullError, EngineDeadError, RidInFlightError, SchedulerTimeoutError,
+        ValueError, Exception,
+    )
     for kind in kinds:
         app.add_exception_handler(kind, _mapped)

@@ -145,6 +145,25 @@ def test_scheduler_death_fails_requests_and_exits_nonzero(tiny_llama):
         server.stop()
 
 
+def test_hung_scheduler_is_reported_within_the_watchdog_timeout(tiny_llama):
+    server = launch_server(tiny_llama, "--max-total-tokens", "4096", "--watchdog-timeout", "3")
+    scheduler = next(p for p in server.children() if b"scheduler" in _cmdline(p))
+    try:
+        with server.client() as c:
+            plain = ThreadPoolExecutor(1).submit(
+                c.post, "/generate", json={"text": "p", "sampling_params": LONG}
+            )
+            wait_for(lambda: stats(c)["num_running"] == 1)
+            os.kill(scheduler, signal.SIGSTOP)  # hung, not dead
+            wait_for(lambda: c.get("/health").status_code == 503, timeout=15)
+            assert plain.result(timeout=30).status_code == 503
+        assert server.proc.wait(30) != 0
+    finally:
+        if alive(scheduler):
+            os.kill(scheduler, signal.SIGCONT)
+        server.stop()
+
+
 def _cmdline(pid: int) -> bytes:
     with open(f"/proc/{pid}/cmdline", "rb") as f:
         return f.read()
