@@ -73,11 +73,12 @@ def _plan_tools(
     choice = req.tool_choice or ("auto" if tools else "none")
     if choice != "none" and not tools:
         raise ValueError("tool_choice is set but tools is empty: give tools or drop tool_choice")
-    if choice == "none":
-        return ChatPlan()
     if not supports_tools(template):
         parser_name = "hermes"  # NOTE: the built-in tool prompt asks for the hermes format
     parser = get_tool_parser(parser_name or detect_tool_parser(template))
+    if choice == "none":
+        # NOTE: tools not offered, and the call tag banned from the text
+        return ChatPlan(regex=text_without(parser.trigger) if tools and parser.trigger else None)
     parallel = req.parallel_tool_calls
     if choice == "auto":
         strict = any(t.strict for t in tools)

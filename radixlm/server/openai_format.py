@@ -75,8 +75,10 @@ def chat_input(
 ) -> GenerateInput:
     params = sampling_params(req, req.max_completion_tokens or req.max_tokens)
     regex = _response_format_regex(req, params, plan, whitespace)
-    if plan.regex is not None:
-        if regex is not None or "json_schema" in params or "regex" in params:
+    own = regex is not None or "json_schema" in params or "regex" in params
+    if plan.regex is not None and not (own and plan.parser is None):
+        # NOTE: with tool_choice none the regex only bans the call tag; the client's wins
+        if own:
             raise ValueError(
                 "tool_choice (required, a named tool, or auto with a strict tool) cannot be "
                 "combined with response_format, regex or json_schema"

@@ -10,6 +10,7 @@ import pytest
 from tool_defs import TOOLS, WEATHER
 
 from radixlm.server.chat_output import ChoiceStream, chat_message
+from radixlm.server.chat_prompt import render_chat
 from radixlm.server.chat_tools import plan_chat, with_reasoning
 from radixlm.server.protocol import ChatCompletionRequest
 
@@ -81,3 +82,42 @@ def test_auto_with_a_strict_tool_allows_text_then_a_valid_call():
     assert re.fullmatch(plan.regex, "Plain answer, a < b.")
     assert re.fullmatch(plan.regex, "Checking. " + compact)
     assert not re.fullmatch(plan.regex, "Checking. <tool_call>\n{}\n</tool_call>")
+
+
+def test_tool_choice_none_bans_the_call_tag_but_yields_to_response_format():
+    plan = _plan(reasoning=None, tools=[WEATHER], tool_choice="none")
+    assert plan.parser is None and not plan.tools
+    assert re.fullmatch(plan.regex, "No tools needed <b>here</b>.")
+    assert not re.fullmatch(plan.regex, "Calling <tool_call>")
+
+
+TOOL_TEMPLATE = (
+    "{% if tools %}<tools>{% for t in tools %}{{ t.function.name }};{% endfor %}</tools>{% endif %}"
+    "{% for m in messages %}<{{ m.role }}>{{ m.content }}"
+    "{% for c in m.tool_calls or [] %}[call {{ c.function.name }} "
+    "{{ c.function.arguments | tojson }}]{% endfor %}{% endfor %}<assistant>"
+)
+ROUND_TRIP = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": None, "tool_calls": [{
+        "id": "call_1", "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+]
+
+
+def test_a_tool_aware_template_gets_tools_and_calls_with_object_arguments(smollm_tokenizer):
+    req = ChatCompletionRequest(messages=ROUND_TRIP, tools=[WEATHER])
+    plan = plan_chat(req, TOOL_TEMPLATE, None, None, "")
+    text = render_chat(smollm_tokenizer, req, TOOL_TEMPLATE, plan.tools)
+    assert text.startswith("<tools>get_weather;</tools><user>Weather in Paris?")
+    assert '[call get_weather {"city": "Paris"}]' in text and "<tool>sunny" in text
+
+
+def test_a_template_without_tools_gets_the_builtin_prompt(smollm_tokenizer):
+    req = ChatCompletionRequest(messages=ROUND_TRIP, tools=[WEATHER])
+    text = render_chat(smollm_tokenizer, req, None, plan_chat(req, None, None, None, "").tools)
+    assert "<tools>" in text and '"name": "get_weather"' in text
+    call = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    assert f"<tool_call>\n{call}\n</tool_call>" in text
+    assert "<tool_response>\nsunny\n</tool_response>" in text
