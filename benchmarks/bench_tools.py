@@ -43,7 +43,7 @@ def ask(client: openai.OpenAI, model: str, prompt: str, tools: list[dict], choic
         tool_choice=choice, parallel_tool_calls=False, temperature=0, max_tokens=160,
     )
     return {"seconds": time.perf_counter() - start, "message": r.choices[0].message,
-            "tokens": r.usage.completion_tokens}
+            "tokens": r.usage.completion_tokens, "finish": r.choices[0].finish_reason}
 
 
 def judge(result: dict, tools: list[dict], expected: str) -> dict:
@@ -83,6 +83,11 @@ def run_config(url: str, choice: str, reqs: list[tuple]) -> dict:
         "completion_tokens_mean": statistics.mean(r["tokens"] for r in results),
         "requests_per_s": n / seconds,
         "warmup_s_4_tool_sets": warm,
+        "invalid_examples": [
+            {"prompt": r[0], "finish": res["finish"], "content": res["message"].content,
+             "calls": [c.model_dump() for c in res["message"].tool_calls or []]}
+            for res, r, v in zip(results, reqs, verdicts) if not v["valid"]
+        ][:3],
     }
 
 

@@ -49,15 +49,19 @@ class Runtime:
         hung). The server then reports 503 and exits, as for a dead scheduler."""
         ping: asyncio.Task | None = None
         sent = 0.0
-        while True:
-            await asyncio.sleep(0.5)
-            reason = self.backend.dead_reason() or self._hung(ping, sent)
-            if reason:
-                logger.error("%s; failing requests in flight", reason)
-                self.manager.fail_all(reason)
-                return
-            if ping is None or ping.done():
-                ping, sent = asyncio.ensure_future(self._ping()), time.monotonic()
+        try:
+            while True:
+                await asyncio.sleep(0.5)
+                reason = self.backend.dead_reason() or self._hung(ping, sent)
+                if reason:
+                    logger.error("%s; failing requests in flight", reason)
+                    self.manager.fail_all(reason)
+                    return
+                if ping is None or ping.done():
+                    ping, sent = asyncio.ensure_future(self._ping()), time.monotonic()
+        finally:
+            if ping is not None:
+                ping.cancel()
 
     async def _ping(self) -> None:
         """Ask the scheduler for its stats; at most one ping a second."""

@@ -11,6 +11,7 @@ import torch
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.loader.loader import load_model
 from radixlm.runtime.messages import GenerateReq
+from radixlm.runtime.sampling.params import wire_sampling
 from radixlm.runtime.scheduler.scheduler import Scheduler
 from tests.conftest import assert_no_leak
 
@@ -78,7 +79,7 @@ def test_what_needs_a_tokenizer_is_refused(bare_engine, kwargs, message):
 
 
 def test_dummy_weights_from_a_bare_config(bare_llama, tmp_path):
-    """``load_format="dummy"`` needs only config.json; the scheduler refuses stop strings."""
+    """``load_format="dummy"`` needs only config.json."""
     shutil.copy(os.path.join(bare_llama, "config.json"), tmp_path)
     args = ServerArgs(
         model_path=str(tmp_path),
@@ -90,12 +91,9 @@ def test_dummy_weights_from_a_bare_config(bare_llama, tmp_path):
     loaded = load_model(args, torch.device("cpu"), torch.float32)
     assert loaded.tokenizer is None and loaded.config.eos_token_ids
     scheduler = Scheduler(args)
-    scheduler.handle(GenerateReq("ok", [5, 6, 7], {**GREEDY, "max_new_tokens": 3}))
-    scheduler.handle(GenerateReq("bad", [5, 6, 7], {**GREEDY, "stop": "x"}))
+    scheduler.handle(GenerateReq("ok", [5, 6, 7], wire_sampling({**GREEDY, "max_new_tokens": 3})))
     outs: dict = {}
     while scheduler.has_work or scheduler.outbox:
         for o in scheduler.step():
             outs.setdefault(o.rid, []).append(o)
     assert len([t for o in outs["ok"] for t in o.new_ids]) == 3
-    assert outs["bad"][-1].finish["error"] == "invalid_request"
-    assert "stop_token_ids" in outs["bad"][-1].finish["message"]

@@ -12,7 +12,8 @@ schemathesis = pytest.importorskip("schemathesis")
 
 schema = schemathesis.openapi.from_dict(create_app(ServerArgs()).openapi())
 LIMITS = {"max_tokens": 8, "max_completion_tokens": 8, "max_new_tokens": 8, "n": 3}
-CONSTRAINTS = ("regex", "json_schema", "response_format")  # NOTE: grammar tests live elsewhere
+# NOTE: grammar tests live elsewhere (tool_choice and strict tools compile call grammars)
+CONSTRAINTS = ("regex", "json_schema", "response_format", "tool_choice", "strict")
 
 
 def bounded(body):

@@ -36,11 +36,13 @@ class SamplingParams:
     regex: str | None = None
     json_schema: str | None = None
     choices: list[str] | None = None
+    # NOTE: (kind, spec) normalised by validate(); what the grammar queue compiles
+    constraint: tuple[str, str] | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> SamplingParams:
         d = dict(d or {})
-        known = {f.name for f in dataclasses.fields(cls)}
+        known = {f.name for f in dataclasses.fields(cls)} - {"constraint"}
         if "seed" in d and "sampling_seed" not in d:
             d["sampling_seed"] = d.pop("seed")
         unknown = sorted(set(d) - known)
@@ -98,9 +100,9 @@ class SamplingParams:
                 f"min_new_tokens ({self.min_new_tokens}) must be <= "
                 f"max_new_tokens ({self.max_new_tokens})"
             )
-        constraint = constraint_from_params(self.regex, self.json_schema, self.choices)
-        if constraint is not None and constraint[0] == "regex":
-            check_regex(constraint[1])
+        self.constraint = constraint_from_params(self.regex, self.json_schema, self.choices)
+        if self.constraint is not None and self.constraint[0] == "regex":
+            check_regex(self.constraint[1])
 
     def check_without_tokenizer(self) -> None:
         """Raise for the fields that only work with a tokenizer (``skip_tokenizer_init``)."""
@@ -118,6 +120,15 @@ class SamplingParams:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> SamplingParams:
+        """Parameters that ``from_dict`` validated in the tokenizer manager, as they crossed the
+        wire (``to_dict``): rebuilt without parsing or validating anything again."""
+        params = cls(**d)
+        if params.constraint is not None:
+            params.constraint = (params.constraint[0], params.constraint[1])
+        return params
+
 
 def _int_range(name: str, value: Any, low: int, high: int | None = None) -> None:
     if not isinstance(value, int) or isinstance(value, bool):
@@ -133,3 +144,9 @@ def _num_range(name: str, value: Any, low: float, high: float, low_open: bool = 
     if value < low or value > high or (low_open and value == low):
         bracket = "(" if low_open else "["
         raise ValueError(f"{name} must be in {bracket}{low}, {high}], got {value}")
+
+
+def wire_sampling(d: dict[str, Any] | None) -> dict[str, Any]:
+    """Validated parameters as they cross the wire to the scheduler (ValueError naming a bad
+    field); what the tokenizer manager sends, and what tests that drive a scheduler send."""
+    return SamplingParams.from_dict(d).to_dict()

@@ -40,15 +40,10 @@ class GrammarQueue:
 
     @staticmethod
     def needs(req: Req) -> bool:
-        p = req.params
-        return p.regex is not None or p.json_schema is not None or p.choices is not None
+        return req.params.constraint is not None
 
     def add(self, req: Req) -> None:
-        from radixlm.runtime.constrained.base import constraint_from_params
-
-        kind, spec = constraint_from_params(
-            req.params.regex, req.params.json_schema, req.params.choices
-        )
+        kind, spec = req.params.constraint
         req.grammar = self.compiler.submit(kind, spec)
         self.pending.append(req)
 
@@ -59,7 +54,7 @@ class GrammarQueue:
             self.pending.remove(req)
             error = req.grammar.exception()
             if error is not None:
-                message = f"{req.params.json_schema and 'json_schema' or 'constraint'}: {error}"
+                message = f"{req.params.constraint[0]}: {error}"
                 req.finish = {"type": "abort", "message": message, "error": "invalid_request"}
                 outbox.append(token_out(req))
             else:

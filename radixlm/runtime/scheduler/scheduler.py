@@ -58,13 +58,8 @@ class Scheduler:
         return None
 
     def add_request(self, msg: GenerateReq) -> None:
-        try:
-            params = SamplingParams.from_dict(msg.sampling)
-            if self.runner.tokenizer is None:
-                params.check_without_tokenizer()
-        except ValueError as e:
-            req = Req(msg.rid, list(msg.input_ids), SamplingParams())
-            return self._finish_now(req, str(e), error="invalid_request")
+        # NOTE: the tokenizer manager validated the parameters; nothing is parsed again here
+        params = SamplingParams.from_wire(msg.sampling)
         req = Req(msg.rid, list(msg.input_ids), params, stream=msg.stream)
         if msg.return_logprob:
             req.logprob = LogprobState(msg.logprob_start_len, msg.top_logprobs_num)

@@ -10,6 +10,7 @@ import pytest
 
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.messages import GenerateReq
+from radixlm.runtime.sampling.params import wire_sampling
 from radixlm.runtime.scheduler.scheduler import Scheduler
 
 # NOTE: a random-weight model will happily write digits forever, so every value here is bounded
@@ -100,7 +101,7 @@ def constrained_requests(tok) -> list[GenerateReq]:
             ("s2", {"temperature": 1.0, "sampling_seed": 2}),
         ):
             sampling = {"max_new_tokens": 200, "json_schema": json.dumps(schema), **params}
-            reqs.append(GenerateReq(f"schema{i}-{mode}", prompt, sampling))
+            reqs.append(GenerateReq(f"schema{i}-{mode}", prompt, wire_sampling(sampling)))
     for i, regex in enumerate(REGEXES):
         for mode, params in (
             ("greedy", {"temperature": 0}),
@@ -108,7 +109,9 @@ def constrained_requests(tok) -> list[GenerateReq]:
         ):
             reqs.append(
                 GenerateReq(
-                    f"regex{i}-{mode}", prompt, {"max_new_tokens": 60, "regex": regex, **params}
+                    f"regex{i}-{mode}",
+                    prompt,
+                    wire_sampling({"max_new_tokens": 60, "regex": regex, **params}),
                 )
             )
     return reqs
