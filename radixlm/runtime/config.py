@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -142,7 +142,6 @@ class ServerArgs:
     log_level: str = "info"
     stats_interval: float = 10.0
     watchdog_timeout: float = 300.0
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _check_choice("dtype", self.dtype, DTYPES)

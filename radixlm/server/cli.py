@@ -53,8 +53,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="radixlm serve", description="Serve a model over HTTP.")
     defaults = ServerArgs()
     for f in dataclasses.fields(ServerArgs):
-        if f.name == "extra":
-            continue
         flag = "--" + f.name.replace("_", "-")
         kind = str(f.type)
         if kind == "bool":

@@ -11,7 +11,7 @@ from radixlm.runtime.constrained.base import (
     unpack_bitmask,
 )
 from radixlm.runtime.constrained.compiler import GrammarCompiler
-from radixlm.runtime.constrained.jump_forward import jump_forward_tokens
+from radixlm.runtime.constrained.jump_forward import advance_with_jump_forward
 from radixlm.runtime.constrained.specs import constraint_from_params
 
 __all__ = [
@@ -24,6 +24,6 @@ __all__ = [
     "apply_bitmask",
     "constraint_from_params",
     "create_grammar_backend",
-    "jump_forward_tokens",
+    "advance_with_jump_forward",
     "unpack_bitmask",
 ]

@@ -29,7 +29,6 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     skip_special_tokens: bool = True
-    spaces_between_special_tokens: bool = True
     no_stop_trim: bool = False
     n: int = 1
     sampling_seed: int | None = None

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.constrained.jump_forward import advance_with_jump_forward
 from radixlm.runtime.scheduler.output import token_out
 from radixlm.runtime.scheduler.req import Req
 
@@ -81,38 +82,16 @@ class GrammarQueue:
 
     def advance(self, req: Req, token: int) -> list[int]:
         """Advance the grammar over the sampled ``token`` and return the tokens to append: the
-        token itself, or, with jump-forward, the token and the text the grammar forces after it,
-        re-tokenised together so the ids are what the tokenizer would produce for that text."""
+        token itself, or, with jump-forward, the token and the text the grammar forces after it
+        (``constrained/jump_forward.py``)."""
         grammar = req.grammar
         if grammar is None or grammar.is_terminated():
             return [token]
-        grammar.advance(token)
-        if self.args.disable_jump_forward or grammar.is_terminated():
+        if self.args.disable_jump_forward:
+            grammar.advance(token)
             return [token]
-        forced = grammar.forced_continuation()
         room = min(
             req.params.max_new_tokens - len(req.output_ids),
             self.runner.context_len - req.seq_len - 1,
         )
-        if not forced or room <= 1:
-            return [token]
-        return self._retokenize(grammar, token, forced, room)
-
-    def _retokenize(self, grammar, token: int, forced: str, room: int) -> list[int]:
-        tok = self.runner.tokenizer
-        head = tok.decode([token])
-        if "\ufffd" in head:
-            return [token]
-        ids = tok.encode(head + forced, add_special_tokens=False)[:room]
-        grammar.rollback(1)
-        taken = []
-        for t in ids:
-            try:
-                grammar.advance(t)
-            except ValueError:
-                break
-            taken.append(t)
-        if not taken:
-            grammar.advance(token)
-            return [token]
-        return taken
+        return advance_with_jump_forward(grammar, token, self.runner.tokenizer, room)

@@ -9,9 +9,9 @@ import torch
 
 from radixlm.runtime.constrained import (
     GRAMMAR_BACKENDS,
+    advance_with_jump_forward,
     allocate_bitmask,
     create_grammar_backend,
-    jump_forward_tokens,
     unpack_bitmask,
 )
 
@@ -121,10 +121,14 @@ def test_forced_regex_text(backend, backends, tokenizer):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_jump_forward_advances_over_forced_tokens(backend, compact_backends, tokenizer, decode):
     matcher = compact_backends[backend].compile("json_schema", NAME_SCHEMA).matcher()
-    taken = jump_forward_tokens(matcher, lambda text: encode(tokenizer, text))
+    first = encode(tokenizer, "{")[0]
+    taken = advance_with_jump_forward(matcher, first, tokenizer, room=64)
     assert decode(taken) == '{"name":"'
     assert matcher.forced_continuation() is None
     matcher.advance(encode(tokenizer, "Bob")[0])
+    assert advance_with_jump_forward(matcher, encode(tokenizer, "x")[0], tokenizer, 1) == [
+        encode(tokenizer, "x")[0]
+    ]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
