@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from radixlm.runtime.tokenizer_manager import (
@@ -26,6 +27,41 @@ ERROR_TYPES = {
     404: "not_found_error",
     409: "conflict_error",
     503: "service_unavailable",
+}
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error body."""
+
+    error: ErrorDetail
+
+
+def _error_doc(what: str) -> dict[str, Any]:
+    return {"model": ErrorResponse, "description": what}
+
+
+# NOTE: every status a route may answer, for the OpenAPI schema (clients and schemathesis).
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: _error_doc("invalid request (the message names the field)"),
+    401: _error_doc("missing or wrong API key"),
+    404: _error_doc("unknown model"),
+    409: _error_doc("a request with this rid is in flight, or the cache cannot be flushed"),
+    413: _error_doc("request body over --max-request-bytes"),
+    500: _error_doc("internal error"),
+    503: _error_doc("queue full, scheduler busy, hung or dead, or server starting"),
+}
+STREAM_RESPONSE: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "the response, or with stream=true server-sent events",
+        "content": {"application/json": {}, "text/event-stream": {}},
+    }
 }
 
 
@@ -109,7 +145,9 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(exc.status_code, str(exc.detail))
+        response = error_response(exc.status_code, str(exc.detail))
+        response.headers.update(exc.headers or {})  # NOTE: 405 keeps its Allow header
+        return response
 
     async def _mapped(_: Request, exc: Exception) -> JSONResponse:
         err = to_api_error(exc)

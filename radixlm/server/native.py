@@ -8,11 +8,17 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from radixlm.runtime.io_struct import GenerateInput, SingleRequest
-from radixlm.runtime.tokenizer_manager import EngineDeadError, check_text
-from radixlm.server.errors import APIError, error_response
+from radixlm.runtime.tokenizer_manager import EngineDeadError, SchedulerTimeoutError, check_text
+from radixlm.server.errors import (
+    ERROR_RESPONSES,
+    STREAM_RESPONSE,
+    APIError,
+    error_response,
+)
 from radixlm.server.protocol import (
     AbortRequest,
     DetokenizeRequest,
@@ -29,11 +35,11 @@ from radixlm.server.streams import (
     sse_response,
 )
 
-router = APIRouter(tags=["native"])
+router = APIRouter(tags=["native"], responses=ERROR_RESPONSES)
 HEALTH_TIMEOUT_S = 30.0
 
 
-@router.post("/generate")
+@router.post("/generate", responses=STREAM_RESPONSE)
 async def generate(body: GenerateRequest, request: Request) -> Any:
     """Generate for one prompt or a batch; with ``stream``, SSE frames carrying the text so far
     (and ``index`` when there are several prompts or samples), ending with ``data: [DONE]``."""
@@ -62,7 +68,7 @@ async def health(request: Request) -> Response:
     if not state.runtime.alive:
         reason = state.runtime.manager.dead or state.runtime.backend.dead_reason()
         return error_response(503, f"the engine is not running: {reason}")
-    return Response(status_code=200)
+    return JSONResponse({"status": "ok"})
 
 
 @router.get("/health_generate")
@@ -77,7 +83,7 @@ async def health_generate(request: Request) -> Response:
         await asyncio.wait_for(collect(state.runtime, probe.split()), HEALTH_TIMEOUT_S)
     except (EngineDeadError, asyncio.TimeoutError) as e:
         return error_response(503, f"generation failed: {type(e).__name__}: {e}")
-    return Response(status_code=200)
+    return JSONResponse({"status": "ok"})
 
 
 @router.get("/get_model_info")
@@ -148,12 +154,12 @@ def _tokenizer(state: ServerState):
     return state.tokenizer
 
 
-@router.get("/metrics")
+@router.get("/metrics", responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
 async def metrics(request: Request) -> Response:
     """Prometheus metrics (scheduler stats are read at scrape time)."""
     state = server_state(request)
     try:
         stats = (await state.runtime.manager.control("stats", timeout=5.0)).data
-    except (EngineDeadError, asyncio.TimeoutError):
+    except (EngineDeadError, SchedulerTimeoutError):
         stats = None
     return Response(state.metrics.render(stats), media_type=CONTENT_TYPE_LATEST)

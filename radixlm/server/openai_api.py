@@ -17,7 +17,7 @@ from radixlm.server import openai_format as fmt
 from radixlm.server.chat_output import ChoiceStream, chat_message
 from radixlm.server.chat_prompt import template_text
 from radixlm.server.chat_tools import ChatPlan, plan_chat
-from radixlm.server.errors import APIError
+from radixlm.server.errors import ERROR_RESPONSES, STREAM_RESPONSE, APIError
 from radixlm.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from radixlm.server.state import ServerState, server_state
 from radixlm.server.streams import (
@@ -29,7 +29,7 @@ from radixlm.server.streams import (
     sse_response,
 )
 
-router = APIRouter(prefix="/v1", tags=["openai"])
+router = APIRouter(prefix="/v1", tags=["openai"], responses=ERROR_RESPONSES)
 
 
 @dataclass
@@ -76,7 +76,7 @@ async def list_models(request: Request) -> dict[str, Any]:
     }
 
 
-@router.post("/completions")
+@router.post("/completions", responses=STREAM_RESPONSE)
 async def completions(body: CompletionRequest, request: Request) -> Any:
     """Text completion for one prompt or a batch (strings or token ids)."""
     try:
@@ -90,7 +90,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
         raise APIError(400, *fmt.openai_message(str(e))) from None
 
 
-@router.post("/chat/completions")
+@router.post("/chat/completions", responses=STREAM_RESPONSE)
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
     """Chat completion through the model's chat template (or ``--chat-template``)."""
     try:

@@ -6,7 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Strict = ConfigDict(extra="forbid")
+# NOTE: strict types too: a string is not a bool and false is not a token id
+Strict = ConfigDict(extra="forbid", strict=True)
 
 # -- native -------------------------------------------------------------------------------------
 
@@ -41,7 +42,13 @@ class DetokenizeRequest(BaseModel):
 class AbortRequest(BaseModel):
     """Abort one request by ``rid`` (its samples too), or every request in flight."""
 
-    model_config = Strict
+    model_config = ConfigDict(
+        extra="forbid", strict=True,
+        json_schema_extra={"anyOf": [
+            {"required": ["rid"]},
+            {"required": ["abort_all"], "properties": {"abort_all": {"const": True}}},
+        ]},
+    )
     rid: str | None = None
     abort_all: bool = False
 
@@ -101,7 +108,7 @@ class TextPart(BaseModel):
 
 
 class FunctionCall(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     name: str
     arguments: str | dict[str, Any] = "{}"
 
@@ -109,14 +116,14 @@ class FunctionCall(BaseModel):
 class ToolCallItem(BaseModel):
     """A call the assistant made earlier in the conversation."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     id: str | None = None
     type: Literal["function"] = "function"
     function: FunctionCall
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
@@ -131,7 +138,7 @@ class ChatMessage(BaseModel):
 
 
 class JsonSchemaFormat(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
     name: str = "response"
     description: str | None = None
     schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
@@ -145,7 +152,7 @@ class ResponseFormat(BaseModel):
 
 
 class FunctionDefinition(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None

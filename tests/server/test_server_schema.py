@@ -16,6 +16,15 @@ LIMITS = {"max_tokens": 8, "max_completion_tokens": 8, "max_new_tokens": 8, "n":
 CONSTRAINTS = ("regex", "json_schema", "response_format", "tool_choice", "strict")
 
 
+# NOTE: every other check runs (status codes, content types and headers documented, responses
+# matching their schemas, schema-violating requests refused). Left out: response time (the
+# benchmarks' concern), and "every schema-valid request is accepted": the schema cannot say
+# what only the loaded model knows (token ids below its vocabulary size, a prompt plus
+# max_tokens within its context) nor that a prompt must not be empty; those get a 400 that
+# names the field, which the other tests check.
+SLOW_CHECKS = [schemathesis.checks.max_response_time, schemathesis.checks.positive_data_acceptance]
+
+
 def bounded(body):
     """Cap generation lengths and sample counts, and drop grammar constraints (their compile
     time is the constrained-decoding tests' concern), so that each example stays cheap."""
@@ -43,3 +52,4 @@ def test_no_server_errors(case, tiny_server):
     case.body = bounded(case.body)
     response = case.call(base_url=tiny_server.url, timeout=60)
     assert response.status_code < 500, (case.method, case.path, case.body, response.text)
+    case.validate_response(response, excluded_checks=SLOW_CHECKS)
