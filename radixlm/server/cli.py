@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import socket
 import sys
 
@@ -49,8 +50,9 @@ CHOICES = {"dtype": DTYPES, "load_format": LOAD_FORMATS, "schedule_policy": SCHE
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """One ``--flag`` per ``ServerArgs`` field."""
+    """One ``--flag`` per ``ServerArgs`` field, plus ``--api-key-file``."""
     parser = argparse.ArgumentParser(prog="radixlm serve", description="Serve a model over HTTP.")
+    parser.add_argument("--api-key-file", help="a file whose first line is the API key")
     defaults = ServerArgs()
     for f in dataclasses.fields(ServerArgs):
         flag = "--" + f.name.replace("_", "-")
@@ -71,9 +73,28 @@ def parse_args(argv: list[str]) -> ServerArgs:
         argv = argv[1:]
     ns = build_parser().parse_args(argv)
     try:
-        return ServerArgs.from_kwargs(**vars(ns))
+        kwargs = vars(ns)
+        kwargs["api_key"] = api_key(kwargs["api_key"], kwargs.pop("api_key_file"))
+        return ServerArgs.from_kwargs(**kwargs)
     except ValueError as e:
         raise SystemExit(f"radixlm serve: error: {e}") from None
+
+
+def api_key(flag: str | None, path: str | None) -> str | None:
+    """``--api-key``, else the first line of ``--api-key-file``, else ``$RADIXLM_API_KEY``
+    (the file and the variable keep the key out of ``ps``)."""
+    if flag is not None and path is not None:
+        raise ValueError("give --api-key or --api-key-file, not both")
+    if path is not None:
+        try:
+            with open(path) as f:
+                key = f.readline().strip()
+        except OSError as e:
+            raise ValueError(f"api_key_file {path!r} cannot be read: {e.strerror}") from None
+        if not key:
+            raise ValueError(f"api_key_file {path!r} is empty")
+        return key
+    return flag if flag is not None else os.environ.get("RADIXLM_API_KEY") or None
 
 
 class _Server(uvicorn.Server):

@@ -52,3 +52,16 @@ def test_render_chat_uses_the_given_or_the_model_template(smollm_tokenizer):
     assert render_chat(smollm_tokenizer, req, custom) == expected
     own = render_chat(smollm_tokenizer, req, None)
     assert "Hi there" in own and own.rstrip().endswith("assistant")
+
+
+def test_api_key_from_a_file_or_the_environment(tmp_path, monkeypatch):
+    monkeypatch.delenv("RADIXLM_API_KEY", raising=False)
+    assert parse_args([]).api_key is None
+    monkeypatch.setenv("RADIXLM_API_KEY", "from-env")
+    assert parse_args([]).api_key == "from-env"
+    key = tmp_path / "key"
+    key.write_text("from-file\n")
+    assert parse_args(["--api-key-file", str(key)]).api_key == "from-file"
+    assert parse_args(["--api-key", "flag"]).api_key == "flag"
+    with pytest.raises(SystemExit, match="api_key_file"):
+        parse_args(["--api-key-file", str(tmp_path / "missing")])
