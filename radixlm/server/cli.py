@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
 import os
 import socket
 import sys
+from collections.abc import Iterator
 
 import uvicorn
 
@@ -117,6 +119,16 @@ class _Server(uvicorn.Server):
     def die(self, reason: str) -> None:
         self.fatal = reason
         self.should_exit = True
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # NOTE: SIGTERM / SIGINT ask for a graceful stop, and a graceful stop exits 0 (uvicorn
+        # would re-raise the signal afterwards and die with -15)
+        with super().capture_signals():
+            try:
+                yield
+            finally:
+                self._captured_signals.clear()
 
 
 def serve(args: ServerArgs) -> int:
