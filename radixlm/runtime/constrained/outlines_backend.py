@@ -17,7 +17,8 @@ byte (0xF4: code points U+100000 and up, private use) are left out of the vocabu
 from __future__ import annotations
 
 import codecs
-from collections.abc import Sequence
+import copy
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,7 @@ from radixlm.runtime.constrained.base import (
     Matcher,
     register_grammar_backend,
 )
+from radixlm.runtime.constrained.limits import check_regex_size
 from radixlm.runtime.constrained.schema_regex import json_schema_regex
 from radixlm.runtime.constrained.specs import describe_regex_error
 from radixlm.runtime.constrained.vocabulary import outlines_vocabulary, token_bytes_table
@@ -204,7 +206,13 @@ class OutlinesMatcher(Matcher):
 
 @register_grammar_backend("outlines")
 class OutlinesBackend(GrammarBackend):
-    """outlines-core ``Index`` over a vocabulary built locally from the tokenizer."""
+    """outlines-core ``Index`` over a vocabulary built locally from the tokenizer.
+
+    The ``Index`` is built in this process unless ``using`` hands the build elsewhere (the
+    GrammarCompiler's worker processes); the rest of a compile is cheap and runs here.
+    """
+
+    build_index: Callable[[str], Index] | None = None
 
     def __init__(
         self,
@@ -218,8 +226,14 @@ class OutlinesBackend(GrammarBackend):
         table = token_bytes_table(tokenizer, vocab_size, self.eos_token_ids)
         table = [None if data and mark[0] in data else data for data in table]
         self._info = VocabInfo.from_table(table, self.eos_token_ids)
-        self._vocabulary = outlines_vocabulary(table, self.eos_token_ids[0])
-        self._vocabulary.insert(mark, self._info.end_mark_id)
+        self.vocabulary = outlines_vocabulary(table, self.eos_token_ids[0])
+        self.vocabulary.insert(mark, self._info.end_mark_id)
+
+    def using(self, build_index: Callable[[str], Index]) -> OutlinesBackend:
+        """A view of this backend whose indexes are built by ``build_index(regex)``."""
+        view = copy.copy(self)
+        view.build_index = build_index
+        return view
 
     def compile_regex(self, regex: str) -> OutlinesGrammar:
         try:
@@ -235,4 +249,8 @@ class OutlinesBackend(GrammarBackend):
             raise ValueError(f"json_schema could not be compiled: {e}") from e
 
     def _compile(self, regex: str) -> OutlinesGrammar:
-        return OutlinesGrammar(Index(f"(?:{regex}){END_MARK}", self._vocabulary), self._info)
+        check_regex_size(regex)
+        regex = f"(?:{regex}){END_MARK}"
+        build = self.build_index
+        index = Index(regex, self.vocabulary) if build is None else build(regex)
+        return OutlinesGrammar(index, self._info)

@@ -65,17 +65,38 @@ def test_result_is_none_while_compiling(stub):
     assert isinstance(compiler.result(future), Grammar)
 
 
-def test_timeout_ends_the_future_and_a_late_grammar_is_cached(stub):
+def test_timeout_is_not_cached_and_a_late_grammar_fills_the_empty_entry(stub):
     compiler = GrammarCompiler(stub, timeout_s=0.05)
     future = compiler.submit("regex", "slow")
     assert isinstance(future.exception(timeout=5), TimeoutError)
     assert isinstance(compiler.result(future), TimeoutError)
+    assert len(compiler) == 0
     stub.release.set()
     deadline = time.monotonic() + 5
-    while compiler.submit("regex", "slow") is future and time.monotonic() < deadline:
+    while not len(compiler) and time.monotonic() < deadline:
         time.sleep(0.01)
     late = compiler.submit("regex", "slow")
     assert late is not future and isinstance(compiler.result(late), Grammar)
+    assert stub.calls == [("regex", "slow")]
+
+
+def test_a_timed_out_spec_compiles_again_on_the_next_submit(stub):
+    compiler = GrammarCompiler(stub, timeout_s=0.05)
+    first = compiler.submit("regex", "slow-again")
+    assert isinstance(first.exception(timeout=5), TimeoutError)
+    second = compiler.submit("regex", "slow-again")
+    assert second is not first
+    stub.release.set()
+    assert isinstance(second.result(timeout=5), Grammar)
+    assert stub.calls.count(("regex", "slow-again")) == 2
+
+
+def test_oversized_spec_fails_before_compiling(stub):
+    compiler = GrammarCompiler(stub)
+    future = compiler.submit("regex", "a" * 200_000)
+    error = future.exception(timeout=5)
+    assert isinstance(error, ValueError) and "200000 characters" in str(error)
+    assert stub.calls == []
 
 
 def test_cache_is_bounded_lru(stub):
