@@ -80,3 +80,4 @@ def run_detokenizer_process(args: ServerArgs, ports: ipc.PortArgs, ready_pipe) -
             items = msg.items if isinstance(msg, Batch) else [msg]
             out = [detok.process(m) if isinstance(m, TokenOut) else m for m in items]
             ipc.send(outbox, Batch(items=[m for m in out if isinstance(m, (TextOut, ControlOut))]))
+    ports.cleanup()  # NOTE: the parent is gone (maybe killed): nobody else removes the ipc dir

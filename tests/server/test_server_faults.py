@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import signal
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -161,6 +163,26 @@ def test_hung_scheduler_is_reported_within_the_watchdog_timeout(tiny_llama):
     finally:
         if alive(scheduler):
             os.kill(scheduler, signal.SIGCONT)
+        server.stop()
+
+
+def _ipc_dirs() -> set[str]:
+    found = glob.glob(os.path.join(tempfile.gettempdir(), "radixlm-*"))
+    return {p for p in found if os.path.isdir(p)}
+
+
+def test_killed_server_leaves_no_children_and_no_ipc_dir(tiny_llama):
+    before = _ipc_dirs()
+    server = launch_server(tiny_llama, "--max-total-tokens", "4096")
+    try:
+        children = server.children()
+        ours = _ipc_dirs() - before
+        assert ours, "the server made no ipc directory"
+        os.kill(server.proc.pid, signal.SIGKILL)
+        server.proc.wait(10)
+        wait_for(lambda: not any(alive(pid) for pid in children), timeout=15)
+        wait_for(lambda: not any(os.path.exists(d) for d in ours), timeout=5)
+    finally:
         server.stop()
 
 

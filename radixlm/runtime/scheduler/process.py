@@ -44,6 +44,7 @@ def run_scheduler_process(
     ready_pipe.send({"ok": True, **model_info(scheduler)})
     _loop(scheduler, inbox, outbox, args, parent)
     scheduler.runner.close()
+    ports.cleanup()  # NOTE: the parent is gone (maybe killed): nobody else removes the ipc dir
 
 
 def model_info(scheduler: Scheduler) -> dict:
