@@ -67,12 +67,14 @@ def test_shapes_the_kernel_cannot_take_keep_bf16_only():
     assert apply_int4_decode(model) == 0 and type(model.o_proj) is nn.Linear
 
 
-def test_apply_int4_decode_covers_every_projection_and_not_the_head(tiny_llama):
+def test_apply_int4_decode_covers_every_projection_and_gives_the_head_int8(tiny_llama):
     from radixlm.runtime.loader.loader import load_model
+    from radixlm.runtime.models.quant_head import Int8DecodeHead, int8_head_available
 
     loaded = load_model(ServerArgs(model_path=tiny_llama), torch.device("cpu"), torch.bfloat16)
     assert apply_int4_decode(loaded.model) == 4 * loaded.config.num_layers
-    assert type(loaded.model.lm_head) is nn.Linear
+    head = Int8DecodeHead if int8_head_available() else nn.Linear
+    assert type(loaded.model.lm_head) is head
     assert not loaded.four_bit_checkpoint
 
 
