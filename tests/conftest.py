@@ -11,6 +11,14 @@ import torch
 
 from radixlm.runtime.loader.loader import default_model_path
 
+
+def pytest_configure(config) -> None:
+    """One torch thread in the test process: its tensors are small and the engines compute in
+    their own processes. Four in-process test files took 37-41 s with one thread, idle or beside
+    a busy core, against 58-150 s with torch's two spinning OpenMP threads on a 2-core machine."""
+    torch.set_num_threads(1)
+
+
 TINY_SHAPES = {
     "LlamaForCausalLM": dict(model_type="llama"),
     "Qwen2ForCausalLM": dict(model_type="qwen2"),

@@ -127,7 +127,7 @@ class ServerArgs:
     dp_size: int = 1
     load_balance_method: str = "cache_aware"
     # torch threads of each computing process (scheduler, tensor-parallel ranks). None:
-    # RADIXLM_NUM_THREADS, else OMP_NUM_THREADS, else the physical cores they share (at most 8).
+    # RADIXLM_NUM_THREADS, else OMP_NUM_THREADS, else the physical cores but one, shared (<= 8).
     num_threads: int | None = None
     random_seed: int = 0
     host: str = "127.0.0.1"

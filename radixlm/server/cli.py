@@ -42,8 +42,9 @@ HELP = {
     "tool_call_parser": "tool-call format of the model's output (default: from the chat template; "
     "hermes with the built-in tool prompt for templates without tool support)",
     "reasoning_parser": "split <think>...</think> into reasoning_content (qwen3, deepseek-r1)",
-    "num_threads": "torch threads of the scheduler and each tensor-parallel rank (default: "
-    "$RADIXLM_NUM_THREADS, else $OMP_NUM_THREADS, else the physical cores they share, at most 8)",
+    "num_threads": "torch threads of the scheduler and of each tensor-parallel rank (default: "
+    "$RADIXLM_NUM_THREADS, else $OMP_NUM_THREADS, else the physical cores but one, shared, at "
+    "most 8)",
 }
 CHOICES = {"dtype": DTYPES, "load_format": LOAD_FORMATS, "schedule_policy": SCHEDULE_POLICIES,
            "quantization": QUANTIZATIONS, "grammar_backend": GRAMMAR_BACKENDS,

@@ -18,10 +18,13 @@ def test_explicit_count_beats_the_environment():
     assert threads.compute_threads(None, environ={"OMP_NUM_THREADS": "7"}) == 7
 
 
-def test_default_shares_the_physical_cores_up_to_eight():
-    cores = threads.available_cores()
-    assert threads.compute_threads(None, environ={}) == min(cores, threads.MAX_DEFAULT_THREADS)
-    assert threads.compute_threads(None, processes=cores + 1, environ={}) == 1
+def test_default_leaves_a_core_and_shares_the_rest_up_to_eight():
+    spare = max(1, threads.available_cores() - 1)
+    default = min(spare, threads.MAX_DEFAULT_THREADS)
+    assert threads.compute_threads(None, environ={}) == default
+    assert threads.compute_threads(None, environ={"RADIXLM_NUM_THREADS": ""}) == default
+    assert threads.compute_threads(None, processes=spare + 1, environ={}) == 1
+    assert threads.compute_threads(None, environ={"OMP_NUM_THREADS": "3,2"}) == 3
 
 
 @pytest.mark.parametrize("value", ["0", "-2", "two", "1.5"])

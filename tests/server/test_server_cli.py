@@ -65,3 +65,10 @@ def test_api_key_from_a_file_or_the_environment(tmp_path, monkeypatch):
     assert parse_args(["--api-key", "flag"]).api_key == "flag"
     with pytest.raises(SystemExit, match="api_key_file"):
         parse_args(["--api-key-file", str(tmp_path / "missing")])
+
+
+def test_num_threads_flag():
+    assert parse_args(["--num-threads", "3"]).num_threads == 3
+    assert parse_args([]).num_threads is None
+    with pytest.raises(SystemExit, match="num_threads must be >= 1"):
+        parse_args(["--num-threads", "0"])

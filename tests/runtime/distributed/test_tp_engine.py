@@ -7,6 +7,7 @@ import time
 import pytest
 
 from radixlm import Engine
+from radixlm.runtime.threads import compute_threads
 from radixlm.runtime.tokenizer_manager import EngineDeadError
 from tests.conftest import assert_no_leak
 
@@ -39,6 +40,12 @@ def test_tp2_tiny_model_matches_tp1(tiny_tp2, tiny_engine):
     assert greedy_ids(tiny_tp2, prompts) == expected  # again, from the radix cache
     assert tiny_tp2.get_server_info()["stats"]["hit_tokens"] > 0
     assert_no_leak(tiny_tp2)
+
+
+def test_ranks_share_the_cores(tiny_tp2):
+    counts = tiny_tp2.get_server_info()["threads"]
+    assert counts["scheduler"] == counts["tp rank 1"] == compute_threads(None, processes=2)
+    assert counts["detokenizer"] == 1
 
 
 def test_tp3_smollm_matches_tp1(smol_engine):
