@@ -3,6 +3,8 @@ calls, whole (``message``) or streamed (``delta`` by ``delta``)."""
 
 from __future__ import annotations
 
+import json
+import re
 import uuid
 from typing import Any
 
@@ -45,6 +47,9 @@ class ChoiceStream:
         self.calls: StreamParser | None = None if plan.parser is None else plan.parser.stream()
         self.calls_only = plan.calls_only
         self.has_calls = False
+        # NOTE: when a grammar admits only hermes calls, every `<tool_call>\n{"name":"X"` opens a
+        # call that will complete, so its name is sent first and the arguments when it closes
+        self._early = _EarlyNames() if plan.calls_only and plan.parser.name == "hermes" else None
 
     def feed(self, text: str) -> dict[str, Any]:
         reasoning, content = ("", text) if self.reasoning is None else self.reasoning.feed(text)
@@ -68,12 +73,36 @@ class ChoiceStream:
             pieces.append(self.calls.finish())
         text = "" if self.calls_only else "".join(p.content for p in pieces)
         calls = [c for p in pieces for c in p.calls]
+        if self._early is not None:
+            named = self._early.feed(content) + self._early.without_sent_names(calls)
+            calls = sorted(named, key=lambda c: c.index)
         if text:
             delta["content"] = text
         if calls:
             self.has_calls = True
             delta["tool_calls"] = [_call_delta(c) for c in _merged(calls)]
         return delta
+
+
+class _EarlyNames:
+    """Names of hermes calls as soon as the grammar-constrained text has written them."""
+
+    OPENING = re.compile(r'<tool_call>\n\{"name":"((?:[^"\\]|\\.)*)"')
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.sent = 0
+
+    def feed(self, text: str) -> list[CallDelta]:
+        self.text += text
+        names = [json.loads(f'"{m.group(1)}"') for m in self.OPENING.finditer(self.text)]
+        out = [CallDelta(i, name) for i, name in enumerate(names) if i >= self.sent]
+        self.sent = len(names)
+        return out
+
+    def without_sent_names(self, calls: list[CallDelta]) -> list[CallDelta]:
+        return [CallDelta(c.index, None if c.index < self.sent else c.name, c.arguments)
+                for c in calls]
 
 
 def _merged(calls: list[CallDelta]) -> list[CallDelta]:

@@ -121,3 +121,17 @@ def test_a_template_without_tools_gets_the_builtin_prompt(smollm_tokenizer):
     call = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
     assert f"<tool_call>\n{call}\n</tool_call>" in text
     assert "<tool_response>\nsunny\n</tool_response>" in text
+
+
+def test_constrained_calls_stream_their_name_first_then_the_arguments():
+    plan = _plan(reasoning=None, tools=TOOLS, tool_choice="required")
+    args = '{"city":"Paris","unit":"celsius"}'
+    text = f'<tool_call>\n{{"name":"get_weather","arguments":{args}}}\n</tool_call>\n' * 2
+    deltas, has_calls = _streamed(plan, text, 1)
+    pieces = [c for d in deltas for c in d.get("tool_calls", [])]
+    assert has_calls and [p["index"] for p in pieces] == [0, 0, 1, 1]
+    first, second = pieces[0], pieces[1]
+    assert first["function"] == {"name": "get_weather", "arguments": ""}
+    assert first["id"].startswith("call_") and "id" not in second
+    assert second["function"] == {"arguments": args}
+    assert all("content" not in d for d in deltas)
