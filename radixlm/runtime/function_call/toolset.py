@@ -7,6 +7,7 @@ regex that makes every call parse and its arguments match their schema.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -78,7 +79,13 @@ def arguments_regex(parameters: dict[str, Any], whitespace: str) -> str:
         raise ValueError("must be a JSON schema object")
     if parameters.get("type", "object") != "object":
         raise ValueError(f"must describe an object, got type {parameters.get('type')!r}")
-    return json_schema_regex(canonical_schema(parameters), whitespace)
+    return _schema_regex(canonical_schema(parameters), whitespace)
+
+
+@functools.lru_cache(maxsize=1024)
+def _schema_regex(schema: str, whitespace: str) -> str:
+    # NOTE: agents send the same tools with every request; each schema converts once
+    return json_schema_regex(schema, whitespace)
 
 
 def calls_constraint(
