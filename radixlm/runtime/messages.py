@@ -22,7 +22,7 @@ class AbortReq(msgspec.Struct, tag=True):
 
 
 class ControlReq(msgspec.Struct, tag=True):
-    """flush_cache | stats | check: answered by a ControlOut with the same ``cid``."""
+    """flush_cache | stats | ping: answered by a ControlOut with the same ``cid``."""
 
     cid: str
     kind: str

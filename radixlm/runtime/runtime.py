@@ -64,10 +64,10 @@ class Runtime:
                 ping.cancel()
 
     async def _ping(self) -> None:
-        """Ask the scheduler for its stats; at most one ping a second."""
+        """Ping the scheduler; at most one ping a second."""
         start = time.monotonic()
         with contextlib.suppress(Exception):
-            await self.manager.control("stats", timeout=self.args.watchdog_timeout + 60)
+            await self.manager.control("ping", timeout=self.args.watchdog_timeout + 60)
         await asyncio.sleep(max(0.0, 1.0 - (time.monotonic() - start)))
 
     def _hung(self, ping: asyncio.Task | None, sent: float) -> str | None:

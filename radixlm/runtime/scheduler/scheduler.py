@@ -99,6 +99,8 @@ class Scheduler:
             return ControlOut(msg.cid, True, {})
         if msg.kind == "stats":
             return ControlOut(msg.cid, True, self.stats_dict())
+        if msg.kind == "ping":  # NOTE: the watchdog's; answered between steps, costs nothing
+            return ControlOut(msg.cid, True, {})
         return ControlOut(msg.cid, False, {"message": f"unknown control request {msg.kind!r}"})
 
     # -- one step ------------------------------------------------------------------------------
