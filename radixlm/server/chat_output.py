@@ -95,9 +95,11 @@ class _EarlyNames:
 
     def feed(self, text: str) -> list[CallDelta]:
         self.text += text
-        names = [json.loads(f'"{m.group(1)}"') for m in self.OPENING.finditer(self.text)]
-        out = [CallDelta(i, name) for i, name in enumerate(names) if i >= self.sent]
-        self.sent = len(names)
+        out, end = [], 0
+        for m in self.OPENING.finditer(self.text):
+            out.append(CallDelta(self.sent, json.loads(f'"{m.group(1)}"')))
+            self.sent, end = self.sent + 1, m.end()
+        self.text = self.text[end:]  # NOTE: each opening is read once
         return out
 
     def without_sent_names(self, calls: list[CallDelta]) -> list[CallDelta]:

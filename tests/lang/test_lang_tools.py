@@ -5,22 +5,8 @@ from __future__ import annotations
 import pytest
 
 import radixlm as sgl
+from tests.server.tool_defs import WEATHER
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 30},
-                "unit": {"enum": ["celsius", "fahrenheit"]},
-            },
-            "required": ["city", "unit"],
-        },
-    },
-}
 TIME = {
     "type": "function",
     "function": {
