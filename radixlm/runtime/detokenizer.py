@@ -45,8 +45,8 @@ class Detokenizer:
     def _delta(self, state: _State, out: TokenOut) -> str:
         full = self.tokenizer.decode(state.ids, skip_special_tokens=out.skip_special_tokens)
         if out.finish is not None:
-            if not out.no_stop_trim and isinstance((out.finish or {}).get("matched"), str):
-                idx = full.find(out.finish["matched"])
+            if not out.no_stop_trim and isinstance(out.finish.matched, str):
+                idx = full.find(out.finish.matched)
                 full = full[:idx] if idx >= 0 else full
         else:
             full = full.rstrip("\ufffd")

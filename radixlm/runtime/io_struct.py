@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 MAX_N = 128  # samples per prompt
@@ -37,7 +37,6 @@ class GenerateInput:
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def is_batch(self) -> bool:

@@ -2,15 +2,107 @@
 
 from __future__ import annotations
 
+import enum
 from typing import Any, Union
 
 import msgspec
 
 
+class FinishKind(str, enum.Enum):
+    STOP = "stop"  # an EOS or stop token, a stop string, or the end of the grammar
+    LENGTH = "length"  # max_new_tokens or the context length
+    ABORT = "abort"  # aborted, or refused after it reached the scheduler (see ``ErrorCode``)
+
+
+class ErrorCode(str, enum.Enum):
+    """Why an ``ABORT`` finish happened."""
+
+    ABORTED = "aborted"  # the client went away or asked for it (``/abort_request``)
+    INVALID_REQUEST = "invalid_request"  # found bad in the scheduler (its grammar did not compile)
+
+
+class Finish(msgspec.Struct, frozen=True):
+    """Why a request ended. ``to_json`` gives the public (SGLang) ``finish_reason`` object."""
+
+    kind: FinishKind
+    matched: int | str | None = None  # STOP: the token id or stop string (None: grammar end)
+    length: int = 0  # LENGTH: tokens generated
+    message: str = ""  # ABORT: what happened, for people
+    code: ErrorCode | None = None  # ABORT: what happened, for programs
+
+    @classmethod
+    def stop(cls, matched: int | str | None) -> Finish:
+        return cls(FinishKind.STOP, matched=matched)
+
+    @classmethod
+    def length_limit(cls, n: int) -> Finish:
+        return cls(FinishKind.LENGTH, length=n)
+
+    @classmethod
+    def abort(cls, code: ErrorCode, message: str) -> Finish:
+        return cls(FinishKind.ABORT, message=message, code=code)
+
+    @property
+    def is_error(self) -> bool:
+        """Ended by a fault of the request (reported to the client as an error, not a result)."""
+        return self.kind is FinishKind.ABORT and self.code is not ErrorCode.ABORTED
+
+    def to_json(self) -> dict[str, Any]:
+        if self.kind is FinishKind.STOP:
+            return {"type": "stop", "matched": self.matched}
+        if self.kind is FinishKind.LENGTH:
+            return {"type": "length", "length": self.length}
+        return {"type": "abort", "message": self.message}
+
+
+class OutMeta(msgspec.Struct):
+    """What a TokenOut reports besides its ids. The ``output_*`` logprob lists hold the entries
+    for this message's new ids only (the tokenizer manager appends them); the ``input_*`` ones
+    come once, in the first message."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    output_token_logprobs: list | None = None  # [[logprob, id], ...]
+    output_top_logprobs: list | None = None  # per token: [[logprob, id], ...]
+    input_token_logprobs: list | None = None
+    input_top_logprobs: list | None = None
+    e2e_latency: float | None = None  # scheduler-side, in the last message
+    first_token_latency: float | None = None
+
+
+class Sampling(msgspec.Struct, frozen=True):
+    """Sampling parameters as the scheduler uses them: validated once, in the tokenizer manager
+    (``SamplingParams.to_wire``), and trusted from then on. The constraint is normalised to one
+    ``(kind, spec)``: ``("regex", pattern)``, ``("json", schema text)`` or ``("choices", json
+    list)``."""
+
+    max_new_tokens: int = 128
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: list[str] = []
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    no_stop_trim: bool = False
+    sampling_seed: int | None = None
+    constraint: tuple[str, str] | None = None
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
 class GenerateReq(msgspec.Struct, tag=True):
     rid: str
     input_ids: list[int]
-    sampling: dict[str, Any]
+    sampling: Sampling
     stream: bool = False
     return_logprob: bool = False
     logprob_start_len: int = -1
@@ -33,8 +125,8 @@ class TokenOut(msgspec.Struct, tag=True):
 
     rid: str
     new_ids: list[int]
-    finish: dict[str, Any] | None
-    meta: dict[str, Any]
+    finish: Finish | None
+    meta: OutMeta
     skip_special_tokens: bool = True
     stop: list[str] = []
     no_stop_trim: bool = False
@@ -47,8 +139,8 @@ class TextOut(msgspec.Struct, tag=True):
     rid: str
     text: str
     new_ids: list[int]
-    finish: dict[str, Any] | None
-    meta: dict[str, Any]
+    finish: Finish | None
+    meta: OutMeta
 
 
 class ControlOut(msgspec.Struct, tag=True):

@@ -22,7 +22,17 @@ import zmq.asyncio
 from radixlm.runtime import ipc
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.io_struct import SingleRequest
-from radixlm.runtime.messages import AbortReq, Batch, ControlOut, ControlReq, GenerateReq, TextOut
+from radixlm.runtime.messages import (
+    AbortReq,
+    Batch,
+    ControlOut,
+    ControlReq,
+    Finish,
+    FinishKind,
+    GenerateReq,
+    OutMeta,
+    TextOut,
+)
 from radixlm.runtime.sampling.params import INT32_MAX, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -53,7 +63,8 @@ class _ReqState:
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     text: str = ""
     output_ids: list[int] = field(default_factory=list)
-    meta: dict[str, Any] = field(default_factory=dict)
+    finish: Finish | None = None
+    meta: OutMeta | None = None  # the last message's, with the logprob lists of all of them
     created: float = field(default_factory=time.monotonic)
     last_token_at: float | None = None
 
@@ -78,6 +89,20 @@ def _check_without_tokenizer(req: SingleRequest, params: SamplingParams) -> None
             "text is unavailable with skip_tokenizer_init (no tokenizer is loaded): pass input_ids"
         )
     params.check_without_tokenizer()
+
+
+def _merge_meta(before: OutMeta | None, new: OutMeta) -> OutMeta:
+    """``new`` with the output logprob lists of ``before`` in front, and the prompt's kept."""
+    if before is None:
+        return new
+    for key in ("output_token_logprobs", "output_top_logprobs"):
+        old = getattr(before, key)
+        if old is not None:
+            setattr(new, key, old + (getattr(new, key) or []))
+    for key in ("input_token_logprobs", "input_top_logprobs"):
+        if getattr(new, key) is None:
+            setattr(new, key, getattr(before, key))
+    return new
 
 
 class TokenizerManager:
@@ -132,16 +157,18 @@ class TokenizerManager:
         if not ids:
             raise ValueError("the prompt is empty")
         vocab = self.info["vocab_size"]
-        if any(t < 0 or t >= vocab for t in ids):
-            raise ValueError(f"input_ids must be token ids in [0, {vocab})")
+        bad = next((t for t in ids if t < 0 or t >= vocab), None)
+        if bad is not None:
+            raise ValueError(f"prompt token ids (input_ids) must be in [0, {vocab}), got {bad}")
         explicit = "max_new_tokens" in req.sampling
         if len(ids) + (params.max_new_tokens if explicit else 1) > self.context_len:
             raise ValueError(
                 f"the prompt has {len(ids)} tokens and max_new_tokens is {params.max_new_tokens}; "
                 f"together they exceed the context length of {self.context_len} tokens"
             )
-        sampling = params.to_dict()
-        sampling["max_new_tokens"] = min(params.max_new_tokens, self.context_len - len(ids))
+        sampling = params.to_wire(
+            max_new_tokens=min(params.max_new_tokens, self.context_len - len(ids))
+        )
         start = req.logprob_start_len
         if not isinstance(start, int) or not -1 <= start <= INT32_MAX:
             raise ValueError(f"logprob_start_len must be -1 or a prompt position, got {start!r}")
@@ -182,8 +209,8 @@ class TokenizerManager:
                 if isinstance(out, Exception):
                     raise out
                 finished = self._apply(state, out)
-                if finished and out.finish.get("error") == "invalid_request":
-                    raise ValueError(out.finish["message"])
+                if finished and state.finish.is_error:
+                    raise ValueError(state.finish.message)
                 if req.stream or finished:
                     yield self._response(state)
         finally:
@@ -258,32 +285,26 @@ class TokenizerManager:
         state.output_ids.extend(out.new_ids)
         if self.on_timing is not None:
             self._observe_timing(state, out)
-        for key, value in out.meta.items():
-            if key.startswith("output_") and isinstance(value, list):
-                state.meta.setdefault(key, []).extend(value)
-            else:
-                state.meta[key] = value
-        if out.finish is not None:
-            state.meta["finish_reason"] = out.finish
-            return True
-        return False
+        state.meta = _merge_meta(state.meta, out.meta)
+        state.finish = out.finish
+        return out.finish is not None
 
     def _observe_timing(self, state: _ReqState, out: TextOut) -> None:
         now = time.monotonic()
-        if out.new_ids and state.last_token_at is None and "first_token_latency" in out.meta:
+        if out.new_ids and state.last_token_at is None and out.meta.first_token_latency is not None:
             self._observe_whole(state, out, now)
         elif out.new_ids:
             first = state.last_token_at is None
             since = state.created if first else state.last_token_at
             self.on_timing("ttft" if first else "itl", now - since)
             state.last_token_at = now
-        if out.finish is not None and out.finish.get("type") != "abort":
+        if out.finish is not None and out.finish.kind is not FinishKind.ABORT:
             self.on_timing("e2e", now - state.created)
 
     def _observe_whole(self, state: _ReqState, out: TextOut, now: float) -> None:
         """A non-streaming request's tokens arrive at once: its first-token time comes from the
         scheduler, and each later token counts the mean inter-token gap."""
-        ttft = min(out.meta["first_token_latency"], now - state.created)
+        ttft = min(out.meta.first_token_latency, now - state.created)
         self.on_timing("ttft", ttft)
         gaps = len(out.new_ids) - 1
         for _ in range(gaps):
@@ -291,19 +312,25 @@ class TokenizerManager:
         state.last_token_at = now
 
     def _response(self, state: _ReqState) -> dict[str, Any]:
-        meta = {"id": state.req.rid, "finish_reason": None, **state.meta}
-        meta.setdefault("prompt_tokens", len(state.prompt_ids))
-        meta["completion_tokens"] = len(state.output_ids)
-        meta.setdefault("cached_tokens", 0)
+        got = state.meta
+        meta: dict[str, Any] = {
+            "id": state.req.rid,
+            "finish_reason": state.finish.to_json() if state.finish else None,
+            "prompt_tokens": got.prompt_tokens if got else len(state.prompt_ids),
+            "completion_tokens": len(state.output_ids),
+            "cached_tokens": got.cached_tokens if got else 0,
+        }
+        for key in ("e2e_latency", "first_token_latency"):
+            if getattr(got, key, None) is not None:
+                meta[key] = getattr(got, key)
         if state.req.return_logprob:
+            with_text = state.req.return_text_in_logprobs
             for key in ("input_token_logprobs", "output_token_logprobs"):
-                meta[key] = self._with_text(meta.get(key, []), state.req.return_text_in_logprobs)
+                meta[key] = self._with_text(getattr(got, key, None) or [], with_text)
             for key in ("input_top_logprobs", "output_top_logprobs"):
-                if key in meta:
-                    meta[key] = [
-                        self._with_text(row, state.req.return_text_in_logprobs) if row else row
-                        for row in meta[key]
-                    ]
+                rows = getattr(got, key, None)
+                if rows is not None:
+                    meta[key] = [self._with_text(row, with_text) if row else row for row in rows]
         return {"text": state.text, "output_ids": list(state.output_ids), "meta_info": meta}
 
     def _with_text(self, entries: list, with_text: bool) -> list:

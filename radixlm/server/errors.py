@@ -127,6 +127,8 @@ def describe_validation(exc: RequestValidationError) -> tuple[str, str | None]:
     param = ".".join(loc) or None
     message = first.get("msg", "invalid value")
     if param is None:
+        if first.get("type") == "missing":  # NOTE: FastAPI's verdict on an empty body
+            return "the request body is empty: send a JSON object", None
         return f"invalid request body: {message}", None
     return f"{param}: {message}", param
 

@@ -148,16 +148,7 @@ def _start(
 
 
 async def _finished(request: Request, call: _Call) -> list[dict]:
-    results = await race_disconnect(request, collect(call.state.runtime, call.reqs))
-    for r in results:
-        _raise_if_failed(r["meta_info"])
-    return results
-
-
-def _raise_if_failed(meta: dict[str, Any]) -> None:
-    reason = meta.get("finish_reason") or {}
-    if reason.get("type") == "abort" and reason.get("message") not in (None, "aborted"):
-        raise ValueError(reason["message"])
+    return await race_disconnect(request, collect(call.state.runtime, call.reqs))
 
 
 def _completion_choice(call: _Call, i: int, result: dict) -> dict[str, Any]:
@@ -213,7 +204,6 @@ class _Progress:
         self.logprobs[i] = len(meta.get("output_token_logprobs", []))
         self.started[i] = True
         if meta.get("finish_reason"):
-            _raise_if_failed(meta)
             self.final[i] = chunk
         return text, lp_start, first
 

@@ -16,7 +16,7 @@ import torch
 SCRIPT = r"""
 import json, sys
 from radixlm.runtime.config import ServerArgs
-from radixlm.runtime.messages import GenerateReq
+from radixlm.runtime.messages import GenerateReq, Sampling
 from radixlm.runtime.scheduler.scheduler import Scheduler
 
 def run(backend):
@@ -26,8 +26,8 @@ def run(backend):
     prefix = list(range(300, 340))
     for i in range(3):
         ids = prefix + [500 + i] * (i + 1)
-        s.handle(GenerateReq(f"r{i}", ids, {"max_new_tokens": 6, "temperature": 0,
-                                              "ignore_eos": True}))
+        s.handle(GenerateReq(f"r{i}", ids, Sampling(max_new_tokens=6, temperature=0,
+                                                      ignore_eos=True)))
     out = {}
     while s.has_work:
         for o in s.step():

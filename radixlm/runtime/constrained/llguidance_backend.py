@@ -22,6 +22,7 @@ from radixlm.runtime.constrained.base import (
     Matcher,
     register_grammar_backend,
 )
+from radixlm.runtime.constrained.schema_bounds import bound_schema_numbers
 from radixlm.runtime.constrained.specs import describe_regex_error
 
 
@@ -134,7 +135,9 @@ class LLGuidanceBackend(GrammarBackend):
     def compile_json_schema(self, schema: str) -> LLGuidanceGrammar:
         options = self._json_options()
         try:
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=options)
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(
+                bound_schema_numbers(schema), overrides=options
+            )
             return self._build(grammar)
         except ValueError as e:
             raise ValueError(f"unsupported json_schema: {e}") from e

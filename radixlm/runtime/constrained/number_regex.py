@@ -1,5 +1,8 @@
 """Regexes for JSON integers and numbers within bounds (for backends that ignore bounds).
 
+No side is unbounded: at most ``MAX_DIGITS`` integer and fraction digits, so that a model cannot
+loop inside a number.
+
 Integer ranges are exact. Number ranges are sound but not complete: every match lies within the
 bounds, but exponents are never produced, and a fraction is only produced where the whole unit
 interval ``[n, n + 1)`` (or ``(-(n + 1), -n]``) fits inside the bounds.
@@ -8,6 +11,10 @@ interval ``[n, n + 1)`` (or ``(-(n + 1), -n]``) fits inside the bounds.
 from __future__ import annotations
 
 import math
+
+MAX_DIGITS = 16  # integer and fraction digits; a double holds 17 significant digits, more is noise
+MAX_MAGNITUDE = 10**MAX_DIGITS - 1
+FRACTION = rf"\.[0-9]{{1,{MAX_DIGITS}}}"
 
 
 def integer_range_regex(lo: int | None, hi: int | None) -> str:
@@ -39,11 +46,11 @@ def number_range_regex(
     pos_lo = 0 if int_lo is None else max(0, int_lo)
     pos_hi = None if hi is None else math.floor(hi) - 1
     if pos_hi is None or pos_lo <= pos_hi:
-        parts.append(_group(_natural_range(pos_lo, pos_hi)) + r"\.[0-9]+")
+        parts.append(_group(_natural_range(pos_lo, pos_hi)) + FRACTION)
     neg_lo = 0 if hi is None else max(0, int_at_or_above(-hi, hi_exclusive))
     neg_hi = None if lo is None else math.floor(-lo) - 1
     if neg_hi is None or neg_lo <= neg_hi:
-        parts.append("-" + _group(_natural_range(neg_lo, neg_hi)) + r"\.[0-9]+")
+        parts.append("-" + _group(_natural_range(neg_lo, neg_hi)) + FRACTION)
     if not parts:
         raise ValueError(f"no number satisfies the bounds [{lo}, {hi}]")
     return _alternation(parts)
@@ -63,9 +70,11 @@ def int_at_or_below(x: float, exclusive: bool) -> int:
 
 def _natural_range(lo: int, hi: int | None) -> str:
     """Non-negative integers in ``[lo, hi]`` written without leading zeros."""
-    if hi is None:
+    if hi is None:  # NOTE: at most MAX_DIGITS digits, written compactly
         digits = len(str(lo))
-        longer = f"[1-9][0-9]{{{digits},}}"
+        if digits >= MAX_DIGITS:
+            return _natural_range(lo, MAX_MAGNITUDE)
+        longer = f"[1-9][0-9]{{{digits},{MAX_DIGITS - 1}}}"
         return _alternation([_natural_range(lo, 10**digits - 1), longer])
     parts = []
     while len(str(lo)) < len(str(hi)):

@@ -15,6 +15,7 @@ from typing import Any
 from outlines_core.json_schema import build_regex_from_schema
 
 from radixlm.runtime.constrained.number_regex import (
+    MAX_MAGNITUDE,
     int_at_or_above,
     int_at_or_below,
     integer_range_regex,
@@ -146,6 +147,10 @@ def _patch_for(node: dict) -> str | None:
 def _number_patch(node: dict, kind: str) -> str:
     lo, lo_excl = _bound(node, "minimum", "exclusiveMinimum", max)
     hi, hi_excl = _bound(node, "maximum", "exclusiveMaximum", min)
+    # NOTE: no bound is the widest (16 digits, see number_regex); a bound of 1e300 would allow
+    # 300 digits and unroll into a huge regex
+    lo = None if lo is not None and lo < -MAX_MAGNITUDE else lo
+    hi = None if hi is not None and hi > MAX_MAGNITUDE else hi
     if kind == "number":
         return number_range_regex(lo, hi, lo_excl, hi_excl)
     int_lo = None if lo is None else int_at_or_above(lo, lo_excl)

@@ -8,8 +8,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixlm.runtime.constrained.specs import check_regex, constraint_from_params
+from radixlm.runtime.messages import Sampling
 
 INT32_MAX = 2**31 - 1  # NOTE: every integer crosses the wire as msgpack; bound them all
+MAX_STOPS = 256  # stop strings (the check decodes a window as long as the longest, per token)
+MAX_STOP_CHARS = 4096
+MAX_STOP_TOKEN_IDS = 1024
 
 
 @dataclass
@@ -56,10 +60,6 @@ class SamplingParams:
         params.validate()
         return params
 
-    @property
-    def is_greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
-
     def validate(self) -> None:
         _int_range("max_new_tokens", self.max_new_tokens, 0, INT32_MAX)
         _int_range("min_new_tokens", self.min_new_tokens, 0, INT32_MAX)
@@ -84,6 +84,16 @@ class SamplingParams:
         if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
             raise ValueError(
                 f"stop must be a non-empty string or a list of them, got {self.stop!r}"
+            )
+        if len(self.stop) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in self.stop):
+            raise ValueError(
+                f"stop must hold at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} "
+                f"characters, got {len(self.stop)} of up to {max(map(len, self.stop))}"
+            )
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(
+                f"stop_token_ids must hold at most {MAX_STOP_TOKEN_IDS} ids, "
+                f"got {len(self.stop_token_ids)}"
             )
         if not isinstance(self.stop_token_ids, list) or not all(
             isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= INT32_MAX
@@ -116,17 +126,11 @@ class SamplingParams:
                     f"{name} is unavailable with skip_tokenizer_init (a grammar needs a tokenizer)"
                 )
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> SamplingParams:
-        """Parameters that ``from_dict`` validated in the tokenizer manager, as they crossed the
-        wire (``to_dict``): rebuilt without parsing or validating anything again."""
-        params = cls(**d)
-        if params.constraint is not None:
-            params.constraint = (params.constraint[0], params.constraint[1])
-        return params
+    def to_wire(self, **changes: Any) -> Sampling:
+        """The validated parameters as the scheduler takes them: the constraint once, as
+        ``(kind, spec)``, without the fields it came from (or ``n``, which the caller split)."""
+        wire = {f: getattr(self, f) for f in Sampling.__struct_fields__}
+        return Sampling(**{**wire, **changes})
 
 
 def _int_range(name: str, value: Any, low: int, high: int | None = None) -> None:
@@ -145,7 +149,7 @@ def _num_range(name: str, value: Any, low: float, high: float, low_open: bool = 
         raise ValueError(f"{name} must be in {bracket}{low}, {high}], got {value}")
 
 
-def wire_sampling(d: dict[str, Any] | None) -> dict[str, Any]:
+def wire_sampling(d: dict[str, Any] | None) -> Sampling:
     """Validated parameters as they cross the wire to the scheduler (ValueError naming a bad
     field); what the tokenizer manager sends, and what tests that drive a scheduler send."""
-    return SamplingParams.from_dict(d).to_dict()
+    return SamplingParams.from_dict(d).to_wire()

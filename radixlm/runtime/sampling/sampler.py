@@ -6,15 +6,15 @@ from dataclasses import dataclass
 
 import torch
 
+from radixlm.runtime.messages import Sampling
 from radixlm.runtime.sampling import penalties
-from radixlm.runtime.sampling.params import SamplingParams
 
 
 @dataclass
 class SampleRow:
     """What the sampler needs to know about one row of logits."""
 
-    params: SamplingParams
+    params: Sampling
     prompt_ids: list[int]
     output_ids: list[int]
     banned_ids: list[int]  # stop tokens not yet allowed (min_new_tokens)
@@ -90,7 +90,7 @@ def _choose(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
     return greedy
 
 
-def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+def filtered_probs(logits: torch.Tensor, params: list[Sampling]) -> torch.Tensor:
     """Softmax at each row's temperature, then top-k, top-p and min-p filtering."""
     device = logits.device
     temps = torch.tensor([p.temperature for p in params], device=device)[:, None]

@@ -9,6 +9,7 @@ import torch
 
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.constrained.jump_forward import advance_with_jump_forward
+from radixlm.runtime.messages import ErrorCode, Finish
 from radixlm.runtime.scheduler.output import token_out
 from radixlm.runtime.scheduler.req import Req
 
@@ -56,7 +57,7 @@ class GrammarQueue:
             error = req.grammar.exception()
             if error is not None:
                 message = f"{req.params.constraint[0]}: {error}"
-                req.finish = {"type": "abort", "message": message, "error": "invalid_request"}
+                req.finish = Finish.abort(ErrorCode.INVALID_REQUEST, message)
                 outbox.append(token_out(req))
             else:
                 req.grammar = req.grammar.result().matcher()

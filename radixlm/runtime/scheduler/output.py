@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import torch
 
-from radixlm.runtime.messages import TokenOut
+from radixlm.runtime.messages import Finish, OutMeta, TokenOut
 from radixlm.runtime.scheduler.batch_builder import LogitRows
 from radixlm.runtime.scheduler.req import Req
 
@@ -20,23 +19,19 @@ class StopChecker:
         self.eos_ids = set(eos_ids)
         self.context_len = context_len
 
-    def check(self, req: Req, token: int) -> dict[str, Any] | None:
+    def check(self, req: Req, token: int) -> Finish | None:
         p = req.params
         n = len(req.output_ids)
         if req.grammar is not None and req.grammar.is_terminated():
-            return {"type": "stop", "matched": token if token in self.eos_ids else None}
-        if token in self.eos_ids and not p.ignore_eos:
-            return {"type": "stop", "matched": token}
-        if token in p.stop_token_ids:
-            return {"type": "stop", "matched": token}
+            return Finish.stop(token if token in self.eos_ids else None)
+        if (token in self.eos_ids and not p.ignore_eos) or token in p.stop_token_ids:
+            return Finish.stop(token)
         if p.stop:
             matched = self._stop_string(req)
             if matched is not None:
-                return {"type": "stop", "matched": matched}
-        if n >= p.max_new_tokens:
-            return {"type": "length", "length": n}
-        if req.seq_len >= self.context_len:
-            return {"type": "length", "length": n}
+                return Finish.stop(matched)
+        if n >= p.max_new_tokens or req.seq_len >= self.context_len:
+            return Finish.length_limit(n)
         return None
 
     def _stop_string(self, req: Req) -> str | None:
@@ -79,23 +74,19 @@ def token_out(req: Req) -> TokenOut:
     """
     new_ids = req.output_ids[req.sent_len :]
     start, req.sent_len = req.sent_len, len(req.output_ids)
-    meta: dict[str, Any] = {
-        "prompt_tokens": len(req.input_ids),
-        "completion_tokens": len(req.output_ids),
-        "cached_tokens": req.cached_len,
-    }
+    meta = OutMeta(len(req.input_ids), len(req.output_ids), req.cached_len)
     lp = req.logprob
     if lp is not None:
-        meta["output_token_logprobs"] = [[p, t] for p, t in zip(lp.output[start:], new_ids)]
+        meta.output_token_logprobs = [[p, t] for p, t in zip(lp.output[start:], new_ids)]
         if lp.top_n:
-            meta["output_top_logprobs"] = [[list(e) for e in row] for row in lp.output_top[start:]]
+            meta.output_top_logprobs = [[list(e) for e in row] for row in lp.output_top[start:]]
         if not lp.prompt_sent and lp.start_len >= 0:
-            meta.update(_prompt_meta(req))
+            _add_prompt_logprobs(req, meta)
             lp.prompt_sent = True
     if req.finish is not None:
-        meta["e2e_latency"] = time.monotonic() - req.created
+        meta.e2e_latency = time.monotonic() - req.created
         if req.first_token_time is not None:
-            meta["first_token_latency"] = req.first_token_time - req.created
+            meta.first_token_latency = req.first_token_time - req.created
     p = req.params
     return TokenOut(
         rid=req.rid,
@@ -109,7 +100,7 @@ def token_out(req: Req) -> TokenOut:
     )
 
 
-def _prompt_meta(req: Req) -> dict[str, Any]:
+def _add_prompt_logprobs(req: Req, meta: OutMeta) -> None:
     lp = req.logprob
     start = lp.start_len
     entries, tops = [], []
@@ -121,7 +112,6 @@ def _prompt_meta(req: Req) -> dict[str, Any]:
         value, top = lp.prompt.get(pos - 1, (None, None))
         entries.append([value, req.input_ids[pos]])
         tops.append([list(e) for e in top] if top else None)
-    meta: dict[str, Any] = {"input_token_logprobs": entries}
+    meta.input_token_logprobs = entries
     if lp.top_n:
-        meta["input_top_logprobs"] = tops
-    return meta
+        meta.input_top_logprobs = tops

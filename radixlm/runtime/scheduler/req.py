@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixlm.runtime.sampling.params import SamplingParams
+from radixlm.runtime.messages import Finish, Sampling
 
 
 @dataclass
@@ -32,7 +32,7 @@ class Req:
 
     rid: str
     input_ids: list[int]
-    params: SamplingParams
+    params: Sampling
     logprob: LogprobState | None = None
     stream: bool = False
     output_ids: list[int] = field(default_factory=list)
@@ -42,7 +42,7 @@ class Req:
     node: Any = None  # radix node locked for this request
     tree_len: int = 0  # leading tokens whose slots belong to the radix tree
     sent_len: int = 0  # output tokens already sent to the detokenizer
-    finish: dict[str, Any] | None = None
+    finish: Finish | None = None
     grammar: Any = None  # Matcher, or a Future while compiling
     created: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None

@@ -14,8 +14,15 @@ from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.mem_cache.cache_manager import CacheManager
 from radixlm.runtime.mem_cache.memory_pool import SlotAllocator
 from radixlm.runtime.mem_cache.radix_cache import RadixCache
-from radixlm.runtime.messages import AbortReq, ControlOut, ControlReq, GenerateReq, TokenOut
-from radixlm.runtime.sampling.params import SamplingParams
+from radixlm.runtime.messages import (
+    AbortReq,
+    ControlOut,
+    ControlReq,
+    ErrorCode,
+    Finish,
+    GenerateReq,
+    TokenOut,
+)
 from radixlm.runtime.sampling.sampler import SampleRow, sample
 from radixlm.runtime.scheduler import admission
 from radixlm.runtime.scheduler.admission import Budget, StepPlan
@@ -59,13 +66,13 @@ class Scheduler:
 
     def add_request(self, msg: GenerateReq) -> None:
         # NOTE: the tokenizer manager validated the parameters; nothing is parsed again here
-        params = SamplingParams.from_wire(msg.sampling)
-        req = Req(msg.rid, list(msg.input_ids), params, stream=msg.stream)
+        req = Req(msg.rid, list(msg.input_ids), msg.sampling, stream=msg.stream)
         if msg.return_logprob:
             req.logprob = LogprobState(msg.logprob_start_len, msg.top_logprobs_num)
         if not req.input_ids or len(req.input_ids) >= self.runner.context_len:
             self._finish_now(
                 req,
+                ErrorCode.INVALID_REQUEST,
                 f"prompt has {len(req.input_ids)} tokens; the context length "
                 f"is {self.runner.context_len}",
             )
@@ -78,16 +85,14 @@ class Scheduler:
         for queue in (self.waiting, self.grammars.pending):
             for req in [r for r in queue if r.rid == rid]:
                 queue.remove(req)
-                self._finish_now(req, "aborted")
+                self._finish_now(req, ErrorCode.ABORTED, "aborted")
         for req in [r for r in self.running if r.rid == rid]:
             self.running.remove(req)
             self.cache.release(req)
-            self._finish_now(req, "aborted")
+            self._finish_now(req, ErrorCode.ABORTED, "aborted")
 
-    def _finish_now(self, req: Req, message: str, error: str | None = None) -> None:
-        req.finish = {"type": "abort", "message": message}
-        if error:
-            req.finish["error"] = error
+    def _finish_now(self, req: Req, code: ErrorCode, message: str) -> None:
+        req.finish = Finish.abort(code, message)
         self.stats.finished(req)
         self.outbox.append(token_out(req))
 
@@ -187,7 +192,7 @@ class Scheduler:
     def _sample(self, sampled: list[LogitRows], logits: torch.Tensor, masks: Future | None) -> None:
         for info in sampled:
             if info.req.params.max_new_tokens == 0:  # prefill only: cache the prompt, finish
-                info.req.finish = {"type": "length", "length": 0}
+                info.req.finish = Finish.length_limit(0)
                 self.outbox.append(token_out(info.req))
         generating = _generating(sampled)
         if not generating:

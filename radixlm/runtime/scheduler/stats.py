@@ -28,7 +28,7 @@ class SchedulerStats:
         self._recent.append((time.monotonic(), num_sampled))
 
     def finished(self, req: Req) -> None:
-        self.finished_by_reason[(req.finish or {}).get("type", "unknown")] += 1
+        self.finished_by_reason[req.finish.kind.value if req.finish else "unknown"] += 1
 
     @property
     def gen_throughput(self) -> float:

@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 
 from radixlm.runtime.config import ServerArgs
-from radixlm.runtime.messages import GenerateReq
+from radixlm.runtime.messages import FinishKind, GenerateReq, Sampling
 from radixlm.runtime.sampling.params import wire_sampling
 from radixlm.runtime.scheduler.scheduler import Scheduler
 
@@ -120,7 +120,7 @@ def constrained_requests(tok) -> list[GenerateReq]:
 def check(results, tok) -> None:
     for rid, (ids, finish) in results.items():
         text = tok.decode(ids, skip_special_tokens=True)
-        assert finish["type"] == "stop", (rid, finish, text)
+        assert finish.kind is FinishKind.STOP, (rid, finish, text)
         kind, index = re.match(r"([a-z]+)(\d+)", rid).groups()
         if kind == "schema":
             jsonschema.validate(json.loads(text), SCHEMAS[int(index)])
@@ -153,7 +153,7 @@ def test_constrained_and_free_requests_batch_like_alone(tiny_llama):
         GenerateReq(
             f"free{i}",
             tok.encode(f"Free text {i}"),
-            {"max_new_tokens": 20, "temperature": 0, "ignore_eos": True},
+            Sampling(max_new_tokens=20, temperature=0, ignore_eos=True),
         )
         for i in range(3)
     ]

@@ -89,7 +89,7 @@ def test_quantization_is_validated(tiny_llama):
 
 def test_auto_follows_a_four_bit_gguf(smollm_path):
     from radixlm.runtime.executor.model_runner import ModelRunner
-    from radixlm.runtime.messages import GenerateReq
+    from radixlm.runtime.messages import GenerateReq, Sampling
     from radixlm.runtime.scheduler.scheduler import Scheduler
 
     base = dict(device="cpu", max_total_tokens=256)
@@ -97,7 +97,7 @@ def test_auto_follows_a_four_bit_gguf(smollm_path):
     assert scheduler.runner.int4_decode
     tok = scheduler.runner.tokenizer
     ids = tok.encode("The capital of France is")
-    scheduler.handle(GenerateReq("r", ids, {"max_new_tokens": 8, "temperature": 0}))
+    scheduler.handle(GenerateReq("r", ids, Sampling(max_new_tokens=8, temperature=0)))
     out = []
     while scheduler.has_work:
         out += [t for o in scheduler.step() for t in o.new_ids]

@@ -99,11 +99,11 @@ def smol_scheduler(smollm_path):
 
 
 def generate(scheduler, prompts: list[str], new_tokens: int) -> list[list[int]]:
-    from radixlm.runtime.messages import GenerateReq
+    from radixlm.runtime.messages import GenerateReq, Sampling
 
     tok = scheduler.runner.tokenizer
     out: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
-    params = {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}
+    params = Sampling(max_new_tokens=new_tokens, temperature=0, ignore_eos=True)
     for rid, prompt in zip(out, prompts):
         scheduler.handle(GenerateReq(rid, tok.encode(prompt), params))
     while scheduler.has_work:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from radixlm.runtime.messages import Sampling
 from radixlm.runtime.sampling import penalties
-from radixlm.runtime.sampling.params import SamplingParams
 from radixlm.runtime.sampling.sampler import SampleRow, filtered_probs, sample
 
 
@@ -29,7 +29,7 @@ def test_top_k_top_p_min_p_filters():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
 
     def kept(**kw):
-        return (filtered_probs(logits.clone(), [SamplingParams(**kw)]) > 0).tolist()[0]
+        return (filtered_probs(logits.clone(), [Sampling(**kw)]) > 0).tolist()[0]
 
     assert kept(top_k=2) == [True, True, False, False]
     assert kept(top_p=0.7) == [True, True, False, False]
@@ -39,7 +39,7 @@ def test_top_k_top_p_min_p_filters():
 
 def test_greedy_banned_tokens_and_logprobs():
     logits = torch.tensor([[1.0, 3.0, 2.0]])
-    row = SampleRow(SamplingParams(temperature=0), [0], [], banned_ids=[1])
+    row = SampleRow(Sampling(temperature=0), [0], [], banned_ids=[1])
     out = sample(logits.clone(), [row], top_n=2)
     assert out.token_ids == [2]
     expected = torch.log_softmax(logits, -1)[0]
@@ -51,7 +51,7 @@ def test_seeded_sampling_is_reproducible_and_follows_the_distribution():
     logits = torch.log(torch.tensor([[0.7, 0.2, 0.1]]))
     picks = []
     for seed in range(400):
-        row = SampleRow(SamplingParams(temperature=1.0, sampling_seed=seed), [0], [], [])
+        row = SampleRow(Sampling(temperature=1.0, sampling_seed=seed), [0], [], [])
         picks.append(sample(logits.clone(), [row]).token_ids[0])
         again = sample(logits.clone(), [row]).token_ids[0]
         assert again == picks[-1]

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from radixlm.runtime.config import ServerArgs
-from radixlm.runtime.messages import AbortReq, GenerateReq
+from radixlm.runtime.messages import AbortReq, FinishKind, GenerateReq, Sampling
 from radixlm.runtime.scheduler.scheduler import Scheduler
 
 SHARED = list(range(1000, 1150))
@@ -20,7 +20,7 @@ def make_requests(n: int = 12, seed: int = 0) -> list[GenerateReq]:
     for i in range(n):
         prefix = SHARED[: rng.choice([0, 40, 150])]
         prompt = prefix + [rng.randrange(100, 40000) for _ in range(rng.randint(3, 60))]
-        sampling = {"max_new_tokens": rng.randint(4, 24), "temperature": 0.0, "ignore_eos": True}
+        sampling = Sampling(max_new_tokens=rng.randint(4, 24), temperature=0.0, ignore_eos=True)
         reqs.append(GenerateReq(rid=f"r{i}", input_ids=prompt, sampling=sampling))
     return reqs
 
@@ -82,7 +82,8 @@ def test_outputs_independent_of_policy(tiny_llama, reference, policy):
 def test_small_pool_forces_eviction_and_retraction(tiny_llama, reference):
     scheduler = make_scheduler(tiny_llama, max_total_tokens=260, chunked_prefill_size=32)
     run(
-        scheduler, [GenerateReq(rid="warm", input_ids=SHARED + [7], sampling={"max_new_tokens": 1})]
+        scheduler,
+        [GenerateReq(rid="warm", input_ids=SHARED + [7], sampling=Sampling(max_new_tokens=1))],
     )
     assert run(scheduler, make_requests()) == reference
     assert scheduler.stats.retractions > 0
@@ -95,7 +96,7 @@ def test_shared_prefix_is_computed_once(tiny_llama):
         GenerateReq(
             rid=f"q{i}",
             input_ids=prefix + [200 + i, 300 + i, 400 + i],
-            sampling={"max_new_tokens": 2, "temperature": 0},
+            sampling=Sampling(max_new_tokens=2, temperature=0),
         )
         for i in range(32)
     ]
@@ -104,7 +105,7 @@ def test_shared_prefix_is_computed_once(tiny_llama):
         scheduler.handle(r)
     while scheduler.has_work:
         for o in scheduler.step():
-            cached[o.rid] = o.meta["cached_tokens"]
+            cached[o.rid] = o.meta.cached_tokens
     assert sum(cached.values()) >= 0.95 * 31 * 800
     assert scheduler.stats.forward_tokens < 800 + 32 * 10
 
@@ -112,11 +113,13 @@ def test_shared_prefix_is_computed_once(tiny_llama):
 def test_prefill_only_request_caches_prompt(tiny_llama):
     scheduler = make_scheduler(tiny_llama)
     prompt = list(range(500, 700))
-    run(scheduler, [GenerateReq(rid="a", input_ids=prompt, sampling={"max_new_tokens": 0})])
+    run(scheduler, [GenerateReq(rid="a", input_ids=prompt, sampling=Sampling(max_new_tokens=0))])
     assert scheduler.cache.evictable == len(prompt)
-    scheduler.handle(GenerateReq(rid="b", input_ids=prompt + [5], sampling={"max_new_tokens": 1}))
+    scheduler.handle(
+        GenerateReq(rid="b", input_ids=prompt + [5], sampling=Sampling(max_new_tokens=1))
+    )
     out = scheduler.step()
-    assert out[0].meta["cached_tokens"] == len(prompt)
+    assert out[0].meta.cached_tokens == len(prompt)
 
 
 def test_stress_random_lengths_and_aborts(tiny_llama):
@@ -129,7 +132,7 @@ def test_stress_random_lengths_and_aborts(tiny_llama):
         GenerateReq(
             rid=f"s{i}",
             input_ids=[rng.randrange(100, 40000) for _ in range(rng.randint(1, 150))],
-            sampling={"max_new_tokens": rng.randint(1, 40), "temperature": 1.0},
+            sampling=Sampling(max_new_tokens=rng.randint(1, 40), temperature=1.0),
         )
         for i in range(200)
     ]
@@ -149,7 +152,7 @@ def test_stress_random_lengths_and_aborts(tiny_llama):
         if not pending and not scheduler.has_work:
             break
     assert set(done) == {r.rid for r in reqs}
-    assert any(f["type"] == "abort" for f in done.values())
+    assert any(f.kind is FinishKind.ABORT for f in done.values())
     scheduler.cache.check_idle()
     scheduler.cache.flush()
     assert scheduler.cache.allocator.available == scheduler.cache.allocator.size
