@@ -171,6 +171,8 @@ class ServerArgs:
             raise ValueError(
                 f"mem_fraction_static must be in (0, 1), got {self.mem_fraction_static}"
             )
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if self.max_queued_requests is not None and self.max_queued_requests < 0:
             raise ValueError(f"max_queued_requests must be >= 0, got {self.max_queued_requests}")
 

@@ -64,10 +64,12 @@ def run_detokenizer_process(args: ServerArgs, ports: ipc.PortArgs, ready_pipe) -
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     parent = os.getppid()
     try:
+        from radixlm.runtime.loader.gguf_loader import release_gguf
         from radixlm.runtime.loader.loader import load_config, load_tokenizer
 
         _, path, fmt = load_config(args)
         detok = Detokenizer(load_tokenizer(args, path, fmt))
+        release_gguf()
         ctx = zmq.Context()
         inbox = ipc.pull(ctx, ports.detokenizer)
         outbox = ipc.push(ctx, ports.tokenizer)

@@ -34,6 +34,10 @@ class Backend:
     procs: dict[str, subprocess.Popen]
     info: dict
 
+    def rss_bytes(self) -> dict[str, int | None]:
+        """Resident memory of each child process (None where it cannot be read)."""
+        return {name: rss_bytes(proc.pid) for name, proc in self.procs.items()}
+
     def dead_reason(self) -> str | None:
         for name, proc in self.procs.items():
             if proc.poll() is not None:
@@ -87,6 +91,18 @@ def launch(args: ServerArgs, gpu_offset: int = 0) -> Backend:
         for fd in pipes.values():
             os.close(fd)
     return backend
+
+
+def rss_bytes(pid: int) -> int | None:
+    """A process's resident set size, from ``/proc`` (None elsewhere or once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def private_dir(ports: ipc.PortArgs) -> str:

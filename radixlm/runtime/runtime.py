@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -16,7 +17,7 @@ import torch
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.distributed.data_parallel import DataParallelManager
 from radixlm.runtime.io_struct import GenerateInput
-from radixlm.runtime.launcher import Backend
+from radixlm.runtime.launcher import Backend, rss_bytes
 from radixlm.runtime.loader.loader import load_config, load_tokenizer
 from radixlm.runtime.tokenizer_manager import TokenizerManager
 
@@ -108,6 +109,10 @@ class Runtime:
             **self.backend.info,
             "max_total_tokens": self.backend.info["max_total_tokens"],
             "threads": {**self.backend.info["threads"], "server": torch.get_num_threads()},
+            "rss_bytes": {
+                **getattr(self.backend, "rss_bytes", dict)(),
+                "server": rss_bytes(os.getpid()),
+            },
             "stats": stats,
         }
 

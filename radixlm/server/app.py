@@ -12,7 +12,8 @@ from fastapi import FastAPI, Request, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from radixlm.runtime.config import ServerArgs
-from radixlm.runtime.launcher import launch
+from radixlm.runtime.launcher import Backend, launch
+from radixlm.runtime.loader.gguf_loader import release_gguf
 from radixlm.runtime.runtime import Runtime
 from radixlm.server import native, openai_api
 from radixlm.server.body_limit import BodyLimitMiddleware
@@ -28,14 +29,23 @@ OPEN_PATHS = frozenset({"/health", "/health_generate"})
 DEAD_GRACE_S = 3.0  # keep answering (503) this long after the engine died, then exit
 
 
-def create_app(args: ServerArgs, on_fatal: Callable[[str], None] | None = None) -> FastAPI:
-    """The app for ``args``. ``on_fatal(reason)`` is called if the engine's processes die."""
+def create_app(
+    args: ServerArgs,
+    on_fatal: Callable[[str], None] | None = None,
+    backend: Backend | None = None,
+) -> FastAPI:
+    """The app for ``args``. ``on_fatal(reason)`` is called if the engine's processes die.
+    ``backend``: processes already launched for ``args`` (else the app's start-up launches
+    them)."""
     chat_template = load_chat_template(args.chat_template)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        backend = await asyncio.get_running_loop().run_in_executor(None, launch, args)
+        nonlocal backend
+        if backend is None:
+            backend = await asyncio.get_running_loop().run_in_executor(None, launch, args)
         runtime = Runtime.start(args, backend)
+        release_gguf()  # NOTE: the server needs nothing more from the model file
         name = served_name(args, backend.info["model_path"])
         state = ServerState(args, runtime, ServerMetrics(name), name, chat_template)
         runtime.manager.on_timing = state.metrics.observe

@@ -9,6 +9,7 @@ import logging
 import os
 import socket
 import sys
+import time
 from collections.abc import Iterator
 
 import uvicorn
@@ -24,8 +25,12 @@ from radixlm.runtime.config import (
     ServerArgs,
 )
 from radixlm.runtime.function_call import TOOL_PARSERS
+from radixlm.runtime.launcher import launch
 from radixlm.runtime.reasoning import REASONING_PARSERS
 from radixlm.server.app import abort_in_flight, create_app
+from radixlm.server.openai_format import load_chat_template
+
+logger = logging.getLogger(__name__)
 
 HELP = {
     "model_path": "Hugging Face directory or GGUF file (default: the embedded SmolLM2)",
@@ -132,14 +137,33 @@ class _Server(uvicorn.Server):
                 self._captured_signals.clear()
 
 
+def check_port_free(host: str, port: int) -> None:
+    """ValueError when ``host:port`` cannot be bound (taken, or not an address of this host),
+    so that the model is not loaded for nothing."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # NOTE: as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            raise ValueError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+
+
 def serve(args: ServerArgs) -> int:
-    """Run until SIGTERM/SIGINT (0) or until the engine dies or fails to start (1)."""
+    """Run until SIGTERM/SIGINT (0) or until the engine dies or fails to start (1). Bad flags,
+    a port in use and a model that cannot load end with a one-line error before uvicorn starts."""
     host = f"[{args.host}]" if ":" in args.host else args.host
     holder: list[_Server] = []
+    started = time.perf_counter()
     try:
-        app = create_app(args, on_fatal=lambda reason: holder[0].die(reason))
-    except ValueError as e:
+        load_chat_template(args.chat_template)
+        check_port_free(args.host, args.port)
+        backend = launch(args)
+    except (ValueError, OSError, RuntimeError) as e:  # NOTE: OSError covers a missing model
         raise SystemExit(f"radixlm serve: error: {e}") from None
+    phases = ", ".join(f"{k} {v:.2f} s" for k, v in backend.info.get("startup_s", {}).items())
+    logger.info("engine ready in %.2f s (scheduler: %s)", time.perf_counter() - started, phases)
+    app = create_app(args, on_fatal=lambda reason: holder[0].die(reason), backend=backend)
     config = uvicorn.Config(
         app, host=args.host, port=args.port, log_level=args.log_level,
         timeout_graceful_shutdown=5, lifespan="on",

@@ -1,6 +1,10 @@
-"""The command line and the chat-template option, without starting a server."""
+"""The command line, the chat-template option, and start-up failures."""
 
 from __future__ import annotations
+
+import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -72,3 +76,37 @@ def test_num_threads_flag():
     assert parse_args([]).num_threads is None
     with pytest.raises(SystemExit, match="num_threads must be >= 1"):
         parse_args(["--num-threads", "0"])
+
+
+def _serve(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "radixlm.server", *argv],
+        capture_output=True, text=True, timeout=120,
+    )
+
+
+def test_start_up_failures_are_one_line_before_the_model_loads(tiny_llama, tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        cases = {
+            "does not exist": ["--model-path", str(tmp_path / "missing")],
+            "Address already in use": ["--model-path", tiny_llama, "--port", port],
+            "port must be in [0, 65535]": ["--port", "99999"],
+            "chat_template": ["--chat-template", str(tmp_path / "none.jinja")],
+        }
+        for needle, argv in cases.items():
+            done = _serve(*argv)
+            lines = done.stderr.strip().splitlines()
+            assert done.returncode != 0 and len(lines) == 1, done.stderr
+            assert lines[0].startswith("radixlm serve: error:") and needle in lines[0]
+
+
+def test_server_info_reports_start_up_phases_and_memory(tiny_client):
+    info = tiny_client.get("/get_server_info").json()
+    assert {"load", "kv_allocate"} <= set(info["startup_s"])
+    memory = info["memory_bytes"]
+    assert memory["weights"] > 0 and memory["kv_pool"] > 0
+    assert set(info["rss_bytes"]) == {"scheduler", "detokenizer", "server"}
+    assert all(v > 0 for v in info["rss_bytes"].values())

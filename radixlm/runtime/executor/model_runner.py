@@ -16,7 +16,13 @@ from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.loader.loader import load_model, resolve_dtype
 from radixlm.runtime.mem_cache.memory_pool import KVPool, ReqToTokenPool
-from radixlm.runtime.models.quant import MAX_INT4_ROWS, apply_int4_decode, int4_available
+from radixlm.runtime.models.quant import (
+    MAX_INT4_ROWS,
+    Int4DecodeLinear,
+    apply_int4_decode,
+    int4_available,
+)
+from radixlm.runtime.models.quant_head import Int8DecodeHead
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +38,8 @@ class ModelRunner:
 
     def __init__(self, args: ServerArgs, rank: RankInfo | None = None) -> None:
         rank = rank or RankInfo()
+        self.startup_s: dict[str, float] = {}  # seconds per start-up phase
+        self._phase_start = time.perf_counter()
         self.device = resolve_device(args.device, rank.gpu_id)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # NOTE: Triton and new streams use the current one
@@ -48,6 +56,7 @@ class ModelRunner:
             self.max_total_tokens, c.num_layers, num_kv_heads, c.head_dim, self.dtype, self.device
         )
         self.req_pool = ReqToTokenPool(args.max_running_requests, self.context_len + 1, self.device)
+        self._phase("kv_allocate")
         backend = args.attention_backend or ("triton" if self.device.type == "cuda" else "torch")
         self.attention_backend_name = backend
         self.backend = create_attention_backend(
@@ -59,6 +68,38 @@ class ModelRunner:
         )
         self.model.rotary.build(self.context_len + 1, self.dtype, self.device)
         self.graph_runner = self._capture_graphs(args)
+        if self.graph_runner is not None:
+            self._phase("cuda_graphs")
+        logger.info("start-up: %s", ", ".join(f"{k} {v:.2f} s" for k, v in self.startup_s.items()))
+
+    def _phase(self, name: str) -> None:
+        now = time.perf_counter()
+        self.startup_s[name] = round(now - self._phase_start, 3)
+        self._phase_start = now
+
+    def memory_bytes(self) -> dict[str, int]:
+        """Bytes per part: weights, their quantized decode copies, the KV pool, the request
+        table, and other buffers (rotary tables)."""
+        seen: set[int] = set()
+
+        def size(tensors) -> int:
+            total = 0
+            for t in tensors:
+                if t.untyped_storage().data_ptr() not in seen:  # NOTE: tied weights count once
+                    seen.add(t.untyped_storage().data_ptr())
+                    total += t.untyped_storage().nbytes()
+            return total
+
+        copies = (Int4DecodeLinear, Int8DecodeHead)
+        quant = [b for m in self.model.modules() if isinstance(m, copies)
+                 for b in m.buffers(recurse=False)]  # fmt: skip
+        return {
+            "weights": size(self.model.parameters()),
+            "quantized_copies": size(quant),
+            "kv_pool": size(self.kv_pool.k + self.kv_pool.v),
+            "request_table": size([self.req_pool.table]),
+            "other_buffers": size(self.model.buffers()),
+        }
 
     def _load(self, args: ServerArgs) -> None:
         loaded = load_model(args, torch.device("cpu") if self.tp else self.device, self.dtype)
@@ -66,11 +107,13 @@ class ModelRunner:
         self.model_path = loaded.model_path
         if self.tp is not None:
             self.model = shard_model(self.model, self.tp).to(self.device)
+        self._phase("load")
         self.int4_decode = self._wants_int4(args, loaded.four_bit_checkpoint)
         if self.int4_decode:
             count = apply_int4_decode(self.model)
             logger.info("int4 weight copies for decode steps of <= %d tokens: %d layers",
                         MAX_INT4_ROWS, count)  # fmt: skip
+            self._phase("quantize")
 
     def _wants_int4(self, args: ServerArgs, four_bit_checkpoint: bool) -> bool:
         if args.quantization == "none":

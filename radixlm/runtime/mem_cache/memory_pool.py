@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import mmap
+
 import torch
 
 
@@ -68,8 +70,17 @@ class KVPool:
         device: torch.device,
     ) -> None:
         shape = (size + 1, num_kv_heads, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self._map: mmap.mmap | None = None
+        if device.type == "cpu":
+            # NOTE: one anonymous mapping: zero-filled pages that only take memory once written,
+            # so an idle server does not hold its whole pool (torch.zeros writes every page)
+            per = (size + 1) * num_kv_heads * head_dim
+            self._map = mmap.mmap(-1, 2 * num_layers * per * torch.finfo(dtype).bits // 8)
+            flat = torch.frombuffer(self._map, dtype=dtype).view(2 * num_layers, *shape)
+            self.k, self.v = list(flat[:num_layers]), list(flat[num_layers:])
+        else:
+            self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+            self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.size = size
         self.dtype = dtype
 

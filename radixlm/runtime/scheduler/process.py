@@ -14,6 +14,7 @@ from radixlm.runtime import ipc, threads
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.distributed.parallel import RankInfo
 from radixlm.runtime.executor.model_runner import ModelRunner
+from radixlm.runtime.loader.gguf_loader import release_gguf
 from radixlm.runtime.messages import Batch
 from radixlm.runtime.scheduler.scheduler import Scheduler
 
@@ -33,6 +34,7 @@ def run_scheduler_process(
     parent = os.getppid()
     try:
         scheduler = Scheduler(args, ModelRunner(args, rank))
+        release_gguf()
         ctx = zmq.Context()
         inbox = ipc.pull(ctx, ports.scheduler)
         outbox = ipc.push(ctx, ports.detokenizer)
@@ -59,6 +61,8 @@ def model_info(scheduler: Scheduler) -> dict:
         "device": str(r.device),
         "attention_backend": r.attention_backend_name,
         "architecture": r.config.architecture,
+        "startup_s": r.startup_s,
+        "memory_bytes": r.memory_bytes(),
     }
 
 
