@@ -249,11 +249,16 @@ class TokenizerManager:
         finally:
             self.controls.pop(cid, None)
 
+    @property
+    def is_full(self) -> bool:
+        """No room for another request (``max_running_requests + max_queued_requests``)."""
+        limit = self.args.max_queued_requests
+        return limit is not None and len(self.states) >= self.args.max_running_requests + limit
+
     def _check_capacity(self) -> None:
         if self.dead:
             raise EngineDeadError(self.dead)
-        limit = self.args.max_queued_requests
-        if limit is not None and len(self.states) >= self.args.max_running_requests + limit:
+        if self.is_full:
             raise QueueFullError(
                 f"too many requests in flight ({len(self.states)}); try again later"
             )

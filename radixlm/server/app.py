@@ -25,7 +25,7 @@ from radixlm.server.streams import ClientDisconnected
 
 logger = logging.getLogger(__name__)
 
-OPEN_PATHS = frozenset({"/health", "/health_generate"})
+OPEN_PATHS = frozenset({"/health", "/health_generate", "/ready"})  # NOTE: probes carry no key
 DEAD_GRACE_S = 3.0  # keep answering (503) this long after the engine died, then exit
 
 

@@ -21,11 +21,14 @@ from radixlm.runtime.tokenizer_manager import (
 
 logger = logging.getLogger(__name__)
 
+RETRY_AFTER_S = "1"  # what a full queue tells clients to wait
+
 ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
     404: "not_found_error",
     409: "conflict_error",
+    429: "rate_limit_error",
     503: "service_unavailable",
 }
 
@@ -54,8 +57,9 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     404: _error_doc("unknown model"),
     409: _error_doc("a request with this rid is in flight, or the cache cannot be flushed"),
     413: _error_doc("request body over --max-request-bytes"),
+    429: _error_doc("queue full: retry after the Retry-After header's seconds"),
     500: _error_doc("internal error"),
-    503: _error_doc("queue full, scheduler busy, hung or dead, or server starting"),
+    503: _error_doc("scheduler busy, hung or dead, or server starting"),
 }
 STREAM_RESPONSE: dict[int | str, dict[str, Any]] = {
     200: {
@@ -69,13 +73,19 @@ class APIError(Exception):
     """An error with an HTTP status, answered with OpenAI's error body."""
 
     def __init__(
-        self, status: int, message: str, param: str | None = None, code: str | None = None
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
+        self.headers = headers or {}
 
 
 def error_body(status: int, message: str, param: str | None = None, code: Any = None) -> dict:
@@ -94,8 +104,8 @@ def to_api_error(exc: BaseException) -> APIError:
     """Map an exception raised while serving a request to its HTTP status."""
     if isinstance(exc, APIError):
         return exc
-    if isinstance(exc, QueueFullError):
-        return APIError(503, str(exc), code="queue_full")
+    if isinstance(exc, QueueFullError):  # NOTE: the client's to retry; 503 means the engine
+        return APIError(429, str(exc), code="queue_full", headers={"Retry-After": RETRY_AFTER_S})
     if isinstance(exc, SchedulerTimeoutError):
         return APIError(503, str(exc), code="scheduler_timeout")
     if isinstance(exc, RidInFlightError):
@@ -153,7 +163,9 @@ def install_handlers(app: FastAPI) -> None:
 
     async def _mapped(_: Request, exc: Exception) -> JSONResponse:
         err = to_api_error(exc)
-        return error_response(err.status, err.message, err.param, err.code)
+        response = error_response(err.status, err.message, err.param, err.code)
+        response.headers.update(err.headers)
+        return response
 
     kinds = (
         APIError, QueueFullError, EngineDeadError, RidInFlightError, SchedulerTimeoutError,

@@ -37,6 +37,7 @@ from radixlm.server.streams import (
 
 router = APIRouter(tags=["native"], responses=ERROR_RESPONSES)
 HEALTH_TIMEOUT_S = 30.0
+READY_PING_S = 5.0  # a scheduler that answers no ping within this is not ready
 
 
 @router.post("/generate", responses=STREAM_RESPONSE)
@@ -68,6 +69,25 @@ async def health(request: Request) -> Response:
     if not state.runtime.alive:
         reason = state.runtime.manager.dead or state.runtime.backend.dead_reason()
         return error_response(503, f"the engine is not running: {reason}")
+    return JSONResponse({"status": "ok"})
+
+
+@router.get("/ready")
+async def ready(request: Request) -> Response:
+    """Readiness: 200 when the model is loaded, the scheduler answers a ping within
+    ``READY_PING_S`` and the queue has room; else 503 saying which is not the case."""
+    state = getattr(request.app.state, "server", None)
+    if state is None:
+        return error_response(503, "the server is starting")
+    if not state.runtime.alive:
+        reason = state.runtime.manager.dead or state.runtime.backend.dead_reason()
+        return error_response(503, f"the engine is not running: {reason}")
+    if state.runtime.manager.is_full:
+        return error_response(503, "the request queue is full", code="queue_full")
+    try:
+        await state.runtime.manager.control("ping", timeout=READY_PING_S)
+    except (EngineDeadError, SchedulerTimeoutError) as e:
+        return error_response(503, str(e), code="scheduler_timeout")
     return JSONResponse({"status": "ok"})
 
 

@@ -73,18 +73,24 @@ def test_api_key_is_required_except_for_health(restricted):
         openai.OpenAI(base_url=f"{restricted.url}/v1", api_key="nope", max_retries=0).models.list()
 
 
-def test_queue_beyond_limit_is_503(restricted):
+def test_queue_beyond_limit_is_429_with_retry_after_and_not_ready(restricted):
     auth = {"Authorization": f"Bearer {KEY}"}
     with restricted.client(headers=auth) as c:
+        assert c.get("/ready").status_code == 200
         body = {"text": "busy", "stream": True, "sampling_params": LONG}
         with c.stream("POST", "/generate", json=body) as response:
             lines = response.iter_lines()  # NOTE: dropping the iterator would close the stream
             assert next(lines).startswith("data: ")
             second = c.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
-            assert second.status_code == 503
+            assert second.status_code == 429 and int(second.headers["Retry-After"]) >= 1
             assert second.json()["error"]["code"] == "queue_full"
+            with restricted.client() as probe:  # NOTE: probes need no API key
+                full = probe.get("/ready")
+                assert full.status_code == 503 and full.json()["error"]["code"] == "queue_full"
+                assert probe.get("/health").status_code == 200  # alive, just busy
         wait_idle(c)
         assert c.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}).status_code == 200
+        assert c.get("/ready").status_code == 200
 
 
 def test_sigterm_stops_everything(restricted):
@@ -157,6 +163,7 @@ def test_hung_scheduler_is_reported_within_the_watchdog_timeout(tiny_llama):
             )
             wait_for(lambda: stats(c)["num_running"] == 1)
             os.kill(scheduler, signal.SIGSTOP)  # hung, not dead
+            wait_for(lambda: c.get("/ready").status_code == 503, timeout=15)
             wait_for(lambda: c.get("/health").status_code == 503, timeout=15)
             assert plain.result(timeout=30).status_code == 503
         assert server.proc.wait(30) != 0
