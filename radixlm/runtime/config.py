@@ -142,6 +142,10 @@ class ServerArgs:
     log_level: str = "info"
     stats_interval: float = 10.0
     watchdog_timeout: float = 300.0
+    # ZMQ endpoint (e.g. tcp://127.0.0.1:5557) publishing the radix tree's KV events in vLLM's
+    # format (BlockStored / BlockRemoved / AllBlocksCleared) for KV-aware routers; None: off
+    kv_events_endpoint: str | None = None
+    kv_events_block_size: int = 16  # tokens per reported block
 
     def __post_init__(self) -> None:
         _check_choice("dtype", self.dtype, DTYPES)
@@ -160,6 +164,7 @@ class ServerArgs:
             "page_size",
             "cuda_graph_max_bs",
             "max_request_bytes",
+            "kv_events_block_size",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

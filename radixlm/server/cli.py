@@ -47,6 +47,9 @@ HELP = {
     "tool_call_parser": "tool-call format of the model's output (default: from the chat template; "
     "hermes with the built-in tool prompt for templates without tool support)",
     "reasoning_parser": "split <think>...</think> into reasoning_content (qwen3, deepseek-r1)",
+    "kv_events_endpoint": "publish KV-cache events (vLLM's format) on this ZMQ endpoint, e.g. "
+    "tcp://127.0.0.1:5557 (see docs/architecture.md)",
+    "kv_events_block_size": "tokens per block in KV-cache events",
     "num_threads": "torch threads of the scheduler and of each tensor-parallel rank (default: "
     "$RADIXLM_NUM_THREADS, else $OMP_NUM_THREADS, else the physical cores but one, shared, at "
     "most 8)",

@@ -1,15 +1,17 @@
 """A radix tree mapping token-id prefixes to KV slot indices, with locking and LRU eviction.
 
 Pure data structure: it knows nothing about requests. Keys are lists of token ids, values are
-1-D int64 tensors of KV slots (one per token). With ``page_size > 1`` keys are handled in whole
-pages: a key is truncated to a multiple of the page size and a match only counts full pages.
+1-D int64 tensors of KV slots (one per token). An optional ``observer`` (``kv_events``) hears
+which paths were stored, cut back by eviction, or cleared. With ``page_size > 1`` keys are
+handled in whole pages: a key is truncated to a multiple of the page size and a match only
+counts full pages.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -48,6 +50,12 @@ class TreeNode:
         return f"TreeNode({head}{more} len={len(self.key)} lock={self.lock_ref})"
 
 
+class TreeObserver(Protocol):
+    def stored(self, path: list[int], present: int) -> None: ...
+    def removed(self, path: list[int], kept: int) -> None: ...
+    def cleared(self) -> None: ...
+
+
 class MatchResult(NamedTuple):
     """The longest cached prefix of a key.
 
@@ -62,16 +70,19 @@ class MatchResult(NamedTuple):
 class RadixCache:
     """Radix tree over KV slots: match / insert / lock / unlock / evict / sizes / check."""
 
-    def __init__(self, page_size: int = 1) -> None:
+    def __init__(self, page_size: int = 1, observer: TreeObserver | None = None) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         self.page_size = page_size
+        self.observer = observer
         self._ids = itertools.count()
         self._clock = 0
         self.reset()
 
     def reset(self) -> None:
         """Drop every node; the caller frees ``all_slots()`` first."""
+        if self.observer is not None:
+            self.observer.cleared()
         self.root = TreeNode([], _EMPTY, None, next(self._ids))
         self._leaves: set[TreeNode] = set()
         self._evictable = 0
@@ -109,6 +120,8 @@ class RadixCache:
         node, pos, _ = self._walk(key)
         if pos < len(key):
             self._add_leaf(node, key[pos:], slots[pos : len(key)])
+            if self.observer is not None:
+                self.observer.stored(key, pos)
         return pos
 
     def lock(self, node: TreeNode) -> None:
@@ -142,6 +155,9 @@ class RadixCache:
         count = 0
         while count < num_tokens and heap:
             _, _, leaf = heapq.heappop(heap)
+            if self.observer is not None:
+                path = self._path(leaf)
+                self.observer.removed(path, len(path) - len(leaf.key))
             freed.append(leaf.value)
             count += len(leaf.key)
             parent = self._remove_leaf(leaf)
@@ -256,6 +272,14 @@ class RadixCache:
         if parent is not self.root and not parent.children:
             self._leaves.add(parent)
         return parent
+
+    def _path(self, node: TreeNode) -> list[int]:
+        """The tokens from the root to the end of ``node``."""
+        keys = []
+        while node is not self.root:
+            keys.append(node.key)
+            node = node.parent
+        return [t for key in reversed(keys) for t in key]
 
     def _nodes(self) -> list[TreeNode]:
         """Every non-root node, parents before children."""

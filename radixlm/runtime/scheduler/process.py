@@ -46,6 +46,8 @@ def run_scheduler_process(
     ready_pipe.send({"ok": True, **model_info(scheduler)})
     _loop(scheduler, inbox, outbox, args, parent)
     scheduler.runner.close()
+    if scheduler.kv_events is not None:
+        scheduler.kv_events.close()
     ports.cleanup()  # NOTE: the parent is gone (maybe killed): nobody else removes the ipc dir
 
 
@@ -72,6 +74,8 @@ def _loop(scheduler: Scheduler, inbox, outbox, args: ServerArgs, parent: int) ->
         msgs = ipc.recv_all(inbox, 0 if scheduler.has_work else 200)
         replies = [r for r in (scheduler.handle(m) for m in msgs) if r is not None]
         outs = scheduler.step() if scheduler.has_work or scheduler.outbox else []
+        if scheduler.kv_events is not None:
+            scheduler.kv_events.flush()
         if outs or replies:
             ipc.send(outbox, Batch(items=[*outs, *replies]))
         if was_busy and not scheduler.has_work:

@@ -12,6 +12,7 @@ import torch
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.mem_cache.cache_manager import CacheManager
+from radixlm.runtime.mem_cache.kv_events import KVEventPublisher
 from radixlm.runtime.mem_cache.memory_pool import SlotAllocator
 from radixlm.runtime.mem_cache.radix_cache import RadixCache
 from radixlm.runtime.messages import (
@@ -40,7 +41,10 @@ class Scheduler:
     def __init__(self, args: ServerArgs, runner: ModelRunner | None = None) -> None:
         self.args = args
         self.runner = runner or ModelRunner(args)
-        tree = None if args.disable_radix_cache else RadixCache(args.page_size)
+        self.kv_events = None
+        if args.kv_events_endpoint and not args.disable_radix_cache:
+            self.kv_events = KVEventPublisher(args.kv_events_endpoint, args.kv_events_block_size)
+        tree = None if args.disable_radix_cache else RadixCache(args.page_size, self.kv_events)
         allocator = SlotAllocator(self.runner.max_total_tokens)
         self.cache = CacheManager(self.runner.req_pool, allocator, tree)
         self.policy = get_policy(args.schedule_policy)
