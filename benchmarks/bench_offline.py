@@ -2,7 +2,9 @@
 and llama.cpp (the same Q4_1 GGUF, through llama-cpp-python).
 
 Single-stream decode tok/s and batch-32 aggregate throughput on the embedded SmolLM2 (llama.cpp's
-Python API generates one sequence at a time, so its batch is the prompts one after another).
+Python API generates one sequence at a time, so its batch is the prompts one after another), and
+the busy-machine variant: single-stream again while another process keeps one core busy.
+llama.cpp gets as many threads as radixlm's scheduler (``--threads``, default radixlm's own).
 Run: ``.venv/bin/python benchmarks/bench_offline.py [--new-tokens 128] [--batch 32]``
 """
 
@@ -10,8 +12,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -21,22 +26,41 @@ from common import bar_chart, log, save  # noqa: E402
 PROMPT = "Write a long story about a robot who learns to paint."
 
 
-def engine_runs(dtype: str, new_tokens: int, batch: int) -> dict[str, float]:
+@contextmanager
+def busy_core() -> Iterator[None]:
+    """Another process spinning on one core, as a machine shared with other work has."""
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.5)
+        yield
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
+def engine_runs(dtype: str, new_tokens: int, batch: int, busy: bool) -> dict[str, float]:
     from radixlm import Engine
 
     with Engine(dtype=dtype, max_total_tokens=16384) as engine:
         p = {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}
         engine.generate(PROMPT, {**p, "max_new_tokens": 4})  # warm-up
-        engine.flush_cache()
-        start = time.perf_counter()
-        one = engine.generate(PROMPT, p)
-        single = one["meta_info"]["completion_tokens"] / (time.perf_counter() - start)
+
+        def single() -> float:
+            engine.flush_cache()
+            start = time.perf_counter()
+            one = engine.generate(PROMPT, p)
+            return one["meta_info"]["completion_tokens"] / (time.perf_counter() - start)
+
+        out = {"single_tok_s": single()}
         prompts = [f"{PROMPT} Variation {i}." for i in range(batch)]
         start = time.perf_counter()
         outs = engine.generate(prompts, p)
         total = sum(o["meta_info"]["completion_tokens"] for o in outs)
-        batched = total / (time.perf_counter() - start)
-    return {"single_tok_s": single, f"batch{batch}_tok_s": batched}
+        out[f"batch{batch}_tok_s"] = total / (time.perf_counter() - start)
+        if busy:
+            with busy_core():
+                out["busy_single_tok_s"] = single()
+    return out
 
 
 def hf_single(dtype: torch.dtype, new_tokens: int) -> float:
@@ -61,15 +85,14 @@ def hf_single(dtype: torch.dtype, new_tokens: int) -> float:
     return (out.shape[1] - ids.shape[1]) / elapsed
 
 
-def llamacpp_runs(new_tokens: int, batch: int) -> dict[str, float] | None:
+def llamacpp_runs(new_tokens: int, batch: int, threads: int) -> dict[str, float] | None:
     try:
         from llama_cpp import Llama
     except ImportError:
         return None
     from radixlm.runtime.loader.loader import default_model_path
 
-    llm = Llama(model_path=default_model_path(), n_ctx=1024, n_threads=os.cpu_count(),
-                verbose=False)  # fmt: skip
+    llm = Llama(model_path=default_model_path(), n_ctx=1024, n_threads=threads, verbose=False)
     # NOTE: EOS banned so every run makes new_tokens tokens, like ignore_eos.
     p = {"max_tokens": new_tokens, "temperature": 0.0, "logit_bias": {llm.token_eos(): -1e9}}
 
@@ -81,23 +104,32 @@ def llamacpp_runs(new_tokens: int, batch: int) -> dict[str, float] | None:
     single = tokens(PROMPT + " ") / (time.perf_counter() - start)
     start = time.perf_counter()
     total = sum(tokens(f"{PROMPT} Variation {i}.") for i in range(batch))
-    return {"single_tok_s": single, f"batch{batch}_tok_s": total / (time.perf_counter() - start)}
+    out = {"single_tok_s": single, f"batch{batch}_tok_s": total / (time.perf_counter() - start)}
+    with busy_core():
+        start = time.perf_counter()
+        out["busy_single_tok_s"] = tokens(PROMPT + "  ") / (time.perf_counter() - start)
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--threads", type=int, help="llama.cpp's threads (default: radixlm's)")
     args = ap.parse_args()
+    from radixlm.runtime import threads as thread_policy
+
+    args.threads = args.threads or thread_policy.compute_threads(None, 1)
     results: dict[str, dict] = {}
     for dtype in ("bfloat16", "float32"):
         log(f"radixlm {dtype}")
-        results[f"radixlm_{dtype}"] = engine_runs(dtype, args.new_tokens, args.batch)
+        busy = dtype == "bfloat16"  # NOTE: the default dtype on CPU
+        results[f"radixlm_{dtype}"] = engine_runs(dtype, args.new_tokens, args.batch, busy)
     for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
         log(f"HF generate {name}")
         results[f"hf_{name}"] = {"single_tok_s": hf_single(dtype, args.new_tokens)}
     log("llama.cpp")
-    llamacpp = llamacpp_runs(args.new_tokens, args.batch)
+    llamacpp = llamacpp_runs(args.new_tokens, args.batch, args.threads)
     if llamacpp is not None:
         results["llama_cpp_q4_1"] = llamacpp
     hf = results["hf_float32"]["single_tok_s"]
@@ -109,9 +141,17 @@ def main() -> None:
         "single_vs_best_hf": best / max(r["single_tok_s"] for k, r in results.items() if "hf" in k),
         f"batch{args.batch}_vs_hf_single": best_batch / hf,
     }
+    bf16 = results["radixlm_bfloat16"]
+    ratios["busy_vs_idle"] = bf16["busy_single_tok_s"] / bf16["single_tok_s"]
     if llamacpp is not None:
         ratios["single_vs_llama_cpp"] = best / llamacpp["single_tok_s"]
         ratios[f"batch{args.batch}_vs_llama_cpp"] = best_batch / llamacpp[batch_key]
+        ratios["busy_single_vs_llama_cpp"] = (
+            bf16["busy_single_tok_s"] / llamacpp["busy_single_tok_s"]
+        )
+        ratios["llama_cpp_busy_vs_idle"] = (
+            llamacpp["busy_single_tok_s"] / llamacpp["single_tok_s"]
+        )
     save("bench_offline", {"args": vars(args), "results": results, "ratios": ratios})
     labels, values = [], []
     for k, r in results.items():
@@ -128,7 +168,8 @@ def main() -> None:
     print(
         f"bench_offline: single {best:.1f} tok/s ({ratios['single_vs_hf_fp32']:.2f}x HF fp32, "
         f"{ratios['single_vs_best_hf']:.2f}x best HF), batch-{args.batch} {best_batch:.1f} tok/s "
-        f"({batch_ratio:.2f}x HF single){vs_cpp}"
+        f"({batch_ratio:.2f}x HF single){vs_cpp}; busy machine {ratios['busy_vs_idle']:.2f}x "
+        f"of idle"
     )
 
 

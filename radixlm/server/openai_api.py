@@ -62,17 +62,25 @@ class _Call:
 @router.get("/models")
 async def list_models(request: Request) -> dict[str, Any]:
     """The one model this server serves."""
+    return {"object": "list", "data": [_model_card(server_state(request))]}
+
+
+@router.get("/models/{model:path}")
+async def retrieve_model(model: str, request: Request) -> dict[str, Any]:
+    """The model ``model`` (404 unless it is the one served)."""
     state = server_state(request)
+    state.check_model(model)
+    return _model_card(state)
+
+
+def _model_card(state: ServerState) -> dict[str, Any]:
     return {
-        "object": "list",
-        "data": [{
-            "id": state.served_model_name,
-            "object": "model",
-            "created": state.started,
-            "owned_by": "radixlm",
-            "root": state.model_path,
-            "max_model_len": state.context_len,
-        }],
+        "id": state.served_model_name,
+        "object": "model",
+        "created": state.started,
+        "owned_by": "radixlm",
+        "root": state.model_path,
+        "max_model_len": state.context_len,
     }
 
 
@@ -163,6 +171,7 @@ def _completion_choice(call: _Call, i: int, result: dict) -> dict[str, Any]:
         "text": prefix + result["text"],
         "logprobs": logprobs,
         "finish_reason": fmt.finish_reason(meta),
+        "matched_stop": fmt.matched_stop(meta),
     }
 
 
@@ -175,6 +184,7 @@ def _chat_choice(call: _Call, i: int, result: dict) -> dict[str, Any]:
         "message": message,
         "logprobs": fmt.chat_logprobs(meta, 0) if body.logprobs else None,
         "finish_reason": _chat_finish(meta, has_calls),
+        "matched_stop": fmt.matched_stop(meta),
     }
 
 
@@ -194,6 +204,7 @@ class _Progress:
         self.logprobs = [0] * k
         self.started = [False] * k
         self.final: list[dict | None] = [None] * k
+        self.latest: list[dict | None] = [None] * k  # each choice's last chunk
 
     def advance(self, i: int, chunk: dict) -> tuple[str, int, bool]:
         """(new text, index of the first new logprob entry, whether this is the first chunk)."""
@@ -203,6 +214,7 @@ class _Progress:
         self.text[i] = len(chunk["text"])
         self.logprobs[i] = len(meta.get("output_token_logprobs", []))
         self.started[i] = True
+        self.latest[i] = chunk
         if meta.get("finish_reason"):
             self.final[i] = chunk
         return text, lp_start, first
@@ -229,7 +241,9 @@ async def _completion_frames(call: _Call) -> AsyncIterator[str]:
             logprobs = fmt.completion_logprobs(meta, lp_start, offset, echo)
         choice = {"index": i, "text": text, "logprobs": logprobs}
         choice["finish_reason"] = fmt.finish_reason(meta)
-        yield sse(_chunk(call, "text_completion", choice))
+        if choice["finish_reason"] is not None:
+            choice["matched_stop"] = fmt.matched_stop(meta)
+        yield sse(_chunk(call, "text_completion", choice, progress))
     async for frame in _stream_end(call, progress, "text_completion"):
         yield frame
 
@@ -244,7 +258,7 @@ async def _chat_frames(call: _Call) -> AsyncIterator[str]:
         meta = chunk["meta_info"]
         if first:
             role = {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None}
-            yield sse(_chunk(call, obj, {**role, "finish_reason": None}))
+            yield sse(_chunk(call, obj, {**role, "finish_reason": None}, progress))
         if progress.idle(i, text, lp_start, meta):
             continue
         delta = streams[i].feed(text)
@@ -255,8 +269,10 @@ async def _chat_frames(call: _Call) -> AsyncIterator[str]:
         logprobs = fmt.chat_logprobs(meta, lp_start) if body.logprobs else None
         if not delta and finish is None and not (logprobs and logprobs["content"]):
             continue
-        choice = {"index": i, "delta": delta, "logprobs": logprobs}
-        yield sse(_chunk(call, obj, {**choice, "finish_reason": finish}))
+        choice = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        if finish is not None:
+            choice["matched_stop"] = fmt.matched_stop(meta)
+        yield sse(_chunk(call, obj, choice, progress))
     async for frame in _stream_end(call, progress, obj):
         yield frame
 
@@ -269,9 +285,17 @@ def _joined(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _chunk(call: _Call, obj: str, choice: dict[str, Any]) -> dict[str, Any]:
+def _chunk(call: _Call, obj: str, choice: dict[str, Any], progress: _Progress) -> dict[str, Any]:
     out = call.envelope(obj, [choice])
-    if call.body.include_usage:
+    if call.body.continuous_usage:  # NOTE: counts so far, over the choices heard from
+        n = call.body.n
+        prompts = [progress.latest[i] for i in range(0, len(progress.latest), n)]
+        prompt = sum(c["meta_info"]["prompt_tokens"] for c in prompts if c is not None)
+        done = sum(c["meta_info"]["completion_tokens"] for c in progress.latest if c is not None)
+        out["usage"] = {
+            "prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done
+        }
+    elif call.body.include_usage:
         out["usage"] = None
     return out
 

@@ -142,6 +142,12 @@ def finish_reason(meta: dict[str, Any]) -> str | None:
     return FINISH_REASONS.get(reason["type"], reason["type"]) if reason else None
 
 
+def matched_stop(meta: dict[str, Any]) -> int | str | None:
+    """SGLang's ``matched_stop``: the stop string or token id (an EOS too) that ended the
+    output; None while running, at a length limit or at the end of a grammar."""
+    return (meta.get("finish_reason") or {}).get("matched")
+
+
 def usage(results: list[dict], n: int) -> dict[str, Any]:
     """Token counts over all choices; each prompt counts once however many samples it has."""
     metas = [r["meta_info"] for r in results]

@@ -59,6 +59,7 @@ class AbortRequest(BaseModel):
 class StreamOptions(BaseModel):
     model_config = Strict
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: usage so far in every chunk
 
 
 class SamplingFields(BaseModel):
@@ -90,6 +91,10 @@ class SamplingFields(BaseModel):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.include_usage and self.stream_options.continuous_usage_stats
 
 
 class CompletionRequest(SamplingFields):

@@ -14,6 +14,9 @@ def client(tiny_server):
 def test_models_lists_the_served_name(client):
     models = client.models.list().data
     assert [m.id for m in models] == ["tiny"]
+    assert client.models.retrieve("tiny").id == "tiny"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("other")
 
 
 def test_completion_with_usage_and_stop_reason(client):
@@ -80,6 +83,16 @@ def test_completion_stream_with_usage(client):
     assert text[0] == full.choices[0].text
 
 
+def test_continuous_usage_stats_count_tokens_so_far_in_every_chunk(client):
+    stream = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=6, stream=True,
+        temperature=0, extra_body={"ignore_eos": True},
+        stream_options={"include_usage": True, "continuous_usage_stats": True},
+    )
+    counts = [c.usage.completion_tokens for c in stream]
+    assert counts == sorted(counts) and counts[-1] == 6 and len(counts) >= 6
+
+
 def test_chat_completion_with_logprobs_and_n(client):
     r = client.chat.completions.create(
         model="tiny", messages=[{"role": "system", "content": "Be brief."},
@@ -123,6 +136,26 @@ def test_stop_string_is_trimmed(client):
     )
     assert r.choices[0].finish_reason == "stop"
     assert stop not in r.choices[0].text and text.startswith(r.choices[0].text)
+
+
+def test_matched_stop_names_the_stop_token_or_string(client, tiny_server):
+    kw = {"model": "tiny", "prompt": "x y z", "max_tokens": 8, "temperature": 0}
+    ids = client.completions.create(**kw, logprobs=0).choices[0]
+    assert ids.matched_stop is None and ids.finish_reason == "length"
+    with tiny_server.client() as c:
+        first = c.post("/generate", json={"text": "x y z", "sampling_params": {
+            "max_new_tokens": 8, "temperature": 0}}).json()["output_ids"]
+    by_id = client.completions.create(**kw, extra_body={"stop_token_ids": [first[2]]})
+    assert by_id.choices[0].matched_stop == first[2]
+    stream = client.completions.create(
+        **kw, stream=True, extra_body={"stop_token_ids": [first[2]]}
+    )
+    last = [c for c in stream if c.choices][-1].choices[0]
+    assert last.finish_reason == "stop" and last.matched_stop == first[2]
+    chat = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=2, temperature=0
+    )
+    assert chat.choices[0].finish_reason == "length" and chat.choices[0].matched_stop is None
 
 
 def test_unknown_model_is_404(client):
