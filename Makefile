@@ -22,6 +22,7 @@ test: setup
 bench: setup
 	$(PIP) install -q -e '.[bench]'
 	$(PY) benchmarks/bench_offline.py
+	$(PY) benchmarks/bench_startup.py
 	$(PY) benchmarks/bench_prefix.py
 	$(PY) benchmarks/bench_lang.py
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import functools
 import gc
 import os
@@ -56,9 +58,12 @@ def open_gguf(path: str):
 
 def release_gguf() -> None:
     """Drop the parsed files (~130 MB of Python objects for SmolLM2) once a process has what it
-    needs from them: the server and detokenizer after start-up, the scheduler after loading."""
+    needs from them: the server and detokenizer after start-up, the scheduler after loading;
+    then hand the memory freed while loading back to the OS (glibc keeps it otherwise)."""
     open_gguf.cache_clear()
     gc.collect()
+    with contextlib.suppress(OSError, AttributeError):  # NOTE: glibc only
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _field(reader, key: str, default: Any = None) -> Any:
