@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from radixlm.runtime.config import ModelConfig
+from radixlm.runtime.loader.gguf_file import GGUFFile
 
 _ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
@@ -48,18 +49,16 @@ def is_four_bit(reader) -> bool:
 
 
 @functools.lru_cache(maxsize=2)
-def open_gguf(path: str):
-    """The parsed file (read-only, memory-mapped). NOTE: parsing takes ~2 s for SmolLM2, and
-    loading reads config, tensor count, weights and quant types from it: parse once."""
-    from gguf import GGUFReader
-
-    return GGUFReader(path)
+def open_gguf(path: str) -> GGUFFile:
+    """The parsed file (read-only, memory-mapped; metadata arrays decoded on demand). Loading
+    reads config, tensor count, weights and quant types from it: parse once."""
+    return GGUFFile(path)
 
 
 def release_gguf() -> None:
-    """Drop the parsed files (~130 MB of Python objects for SmolLM2) once a process has what it
-    needs from them: the server and detokenizer after start-up, the scheduler after loading;
-    then hand the memory freed while loading back to the OS (glibc keeps it otherwise)."""
+    """Drop the parsed files (their memory maps) once a process has what it needs from them:
+    the server and detokenizer after start-up, the scheduler after loading; then hand the
+    memory freed while loading back to the OS (glibc keeps it otherwise)."""
     open_gguf.cache_clear()
     gc.collect()
     with contextlib.suppress(OSError, AttributeError):  # NOTE: glibc only
@@ -79,7 +78,7 @@ def gguf_config(reader) -> ModelConfig:
     p = arch + "."
     heads = _field(reader, p + "attention.head_count")
     hidden = _field(reader, p + "embedding_length")
-    vocab = _field(reader, p + "vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data)
+    vocab = _field(reader, p + "vocab_size") or reader.fields["tokenizer.ggml.tokens"].count
     names = {t.name for t in reader.tensors}
     head_dim = _field(reader, p + "attention.key_length") or hidden // heads
     return ModelConfig(
