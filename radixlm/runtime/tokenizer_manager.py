@@ -160,11 +160,15 @@ class TokenizerManager:
         bad = next((t for t in ids if t < 0 or t >= vocab), None)
         if bad is not None:
             raise ValueError(f"prompt token ids (input_ids) must be in [0, {vocab}), got {bad}")
-        explicit = "max_new_tokens" in req.sampling
-        if len(ids) + (params.max_new_tokens if explicit else 1) > self.context_len:
+        # NOTE: an implicit max_new_tokens is clamped to the room left; an explicit one must fit
+        wanted = params.max_new_tokens if "max_new_tokens" in req.sampling else 1
+        if len(ids) + wanted > self.context_len:
+            # NOTE: with the phrases clients match on (vLLM's "maximum context length", SGLang's
+            # "longer than the model's context length"), and our numbers
             raise ValueError(
-                f"the prompt has {len(ids)} tokens and max_new_tokens is {params.max_new_tokens}; "
-                f"together they exceed the context length of {self.context_len} tokens"
+                f"This model's maximum context length is {self.context_len} tokens, but "
+                f"{len(ids) + wanted} were requested ({len(ids)} in the prompt, {wanted} in "
+                f"max_new_tokens): the input is longer than the model's context length"
             )
         sampling = params.to_wire(
             max_new_tokens=min(params.max_new_tokens, self.context_len - len(ids))

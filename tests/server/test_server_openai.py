@@ -175,3 +175,11 @@ def test_smollm_answers_sensibly(smol_server):
     assert "paris" in r.choices[0].message.content.lower()
     c = client.completions.create(model=r.model, prompt="1, 2, 3, 4,", max_tokens=4, temperature=0)
     assert c.choices[0].text.strip().startswith("5")
+
+
+def test_context_overflow_uses_the_phrases_clients_match_on(client):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="tiny", prompt="word " * 900, max_tokens=500)
+    message = info.value.body["message"]
+    assert "maximum context length is 1024 tokens" in message
+    assert "longer than the model's context length" in message and "max_tokens" in message
