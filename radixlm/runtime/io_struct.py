@@ -66,6 +66,8 @@ class GenerateInput:
                 single = self._single(prompt, sp, rid if n == 1 else f"{rid}-{i}")
                 single.group = rid if n > 1 else None
                 out.append(single)
+        if len({r.rid for r in out}) < len(out):
+            raise ValueError("rid must name each prompt once: give a list of distinct rids")
         if len(out) > MAX_REQUESTS:
             raise ValueError(
                 f"the call makes {len(out)} requests (prompts x n); at most {MAX_REQUESTS}"

@@ -47,14 +47,35 @@ def render_chat(
             kwargs["tools"] = [t.openai() for t in tools]
     else:
         messages = _builtin(req.messages, tools)
-    for reserved in ("messages", "tokenize", "add_generation_prompt", "chat_template"):
+    for reserved in ("messages", "tokenize", "add_generation_prompt", "chat_template",
+                     "continue_final_message"):  # fmt: skip
         kwargs.pop(reserved, None)
+    opening = _opens_a_turn(req)
     try:
         return tokenizer.apply_chat_template(
-            messages, chat_template=template, tokenize=False, add_generation_prompt=True, **kwargs
+            messages, chat_template=template, tokenize=False, add_generation_prompt=opening,
+            continue_final_message=req.continue_final_message, **kwargs,
         )
     except jinja2.TemplateError as e:
         raise ValueError(f"messages: the chat template rejected them: {e}") from None
+
+
+def _opens_a_turn(req: ChatCompletionRequest) -> bool:
+    """Whether the prompt ends with a new assistant turn opened (else it continues the last
+    message, which must then be the assistant's)."""
+    if not req.continue_final_message:
+        return req.add_generation_prompt is not False
+    if req.add_generation_prompt:
+        raise ValueError(
+            "continue_final_message and add_generation_prompt cannot both be true: the last "
+            "message is either continued or followed by a new turn"
+        )
+    if req.messages[-1].role != "assistant":
+        raise ValueError(
+            "continue_final_message needs the last message to be the assistant's, got "
+            f"{req.messages[-1].role!r}"
+        )
+    return False
 
 
 def _role(m: ChatMessage) -> str:

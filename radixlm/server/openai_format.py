@@ -67,6 +67,7 @@ def completion_input(req: CompletionRequest) -> GenerateInput:
         logprob_start_len=0 if logprobs and req.echo else -1,
         top_logprobs_num=req.logprobs or 0,
         return_text_in_logprobs=True,
+        rid=req.rid,
     )
 
 
@@ -98,6 +99,7 @@ def chat_input(
         return_logprob=req.logprobs,
         top_logprobs_num=(req.top_logprobs or 0) if req.logprobs else 0,
         return_text_in_logprobs=True,
+        rid=req.rid,
     )
 
 

@@ -77,6 +77,7 @@ class SamplingFields(BaseModel):
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     user: str | None = None
+    rid: str | list[str] | None = None  # SGLang's: request ids (one per prompt), for aborts
     top_k: int | None = None
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
@@ -196,4 +197,7 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's chat prefill: continue the last (assistant) message instead of opening a new turn
+    continue_final_message: bool = False
+    add_generation_prompt: bool | None = None  # None: not when continuing, else yes
     separate_reasoning: bool = True

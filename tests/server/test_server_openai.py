@@ -5,6 +5,9 @@ from __future__ import annotations
 import openai
 import pytest
 
+from radixlm.server.chat_prompt import render_chat
+from radixlm.server.protocol import ChatCompletionRequest
+
 
 @pytest.fixture(scope="module")
 def client(tiny_server):
@@ -183,3 +186,25 @@ def test_context_overflow_uses_the_phrases_clients_match_on(client):
     message = info.value.body["message"]
     assert "maximum context length is 1024 tokens" in message
     assert "longer than the model's context length" in message and "max_tokens" in message
+
+
+def test_chat_prefill_continues_the_last_assistant_message(tiny_server, smollm_tokenizer):
+    messages = [{"role": "user", "content": "Name a colour."},
+                {"role": "assistant", "content": "My favourite colour is"}]
+    body = {"model": "tiny", "messages": messages, "max_tokens": 4, "temperature": 0,
+            "continue_final_message": True, "rid": "prefill-1"}
+    prompt = render_chat(smollm_tokenizer, ChatCompletionRequest(**body), None)
+    assert prompt.endswith("My favourite colour is")  # no end of turn, no new turn
+    with tiny_server.client() as c:
+        assert c.post("/v1/chat/completions", json=body).status_code == 200
+        both = c.post("/v1/chat/completions", json={**body, "add_generation_prompt": True})
+        assert both.status_code == 400
+        assert "continue_final_message" in both.json()["error"]["message"]
+        user_last = c.post("/v1/chat/completions", json={**body, "messages": messages[:1]})
+        assert user_last.status_code == 400
+
+
+def test_duplicate_rids_in_one_call_are_refused(client):
+    with pytest.raises(openai.BadRequestError, match="rid"):
+        client.completions.create(model="tiny", prompt=["a", "b"], max_tokens=1,
+                                  extra_body={"rid": "same"})
