@@ -98,7 +98,8 @@ def _merge_meta(before: OutMeta | None, new: OutMeta) -> OutMeta:
     for key in ("output_token_logprobs", "output_top_logprobs"):
         old = getattr(before, key)
         if old is not None:
-            setattr(new, key, old + (getattr(new, key) or []))
+            old.extend(getattr(new, key) or [])  # NOTE: in place: a long stream stays linear
+            setattr(new, key, old)
     for key in ("input_token_logprobs", "input_top_logprobs"):
         if getattr(new, key) is None:
             setattr(new, key, getattr(before, key))

@@ -164,6 +164,8 @@ def serve(args: ServerArgs) -> int:
         backend = launch(args)
     except (ValueError, OSError, RuntimeError) as e:  # NOTE: OSError covers a missing model
         raise SystemExit(f"radixlm serve: error: {e}") from None
+    except KeyboardInterrupt:  # NOTE: Ctrl-C while loading; launch stopped its children
+        raise SystemExit(130) from None
     phases = ", ".join(f"{k} {v:.2f} s" for k, v in backend.info.get("startup_s", {}).items())
     logger.info("engine ready in %.2f s (scheduler: %s)", time.perf_counter() - started, phases)
     app = create_app(args, on_fatal=lambda reason: holder[0].die(reason), backend=backend)
