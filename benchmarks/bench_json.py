@@ -70,7 +70,7 @@ def prompts(tok, n: int) -> list[list[int]]:
 def run_config(backend: str, jump_forward: bool, n: int) -> dict:
     from radixlm.runtime.config import ServerArgs
     from radixlm.runtime.messages import GenerateReq
-    from radixlm.runtime.sampling.params import wire_sampling
+    from radixlm.runtime.sampling.params import parse_sampling
     from radixlm.runtime.scheduler.scheduler import Scheduler
 
     s = Scheduler(
@@ -82,7 +82,7 @@ def run_config(backend: str, jump_forward: bool, n: int) -> dict:
     times = {"forward": 0.0, "mask": 0.0, "steps": 0}
     _instrument(s, times)
     schema = json.dumps(PERSON)
-    warm = wire_sampling({"max_new_tokens": 4, "json_schema": schema})
+    warm = parse_sampling({"max_new_tokens": 4, "json_schema": schema})
     s.handle(GenerateReq("warm", tok.encode("{"), warm))
     _drain(s, {})
     times.update(forward=0.0, mask=0.0, steps=0)
@@ -94,7 +94,7 @@ def run_config(backend: str, jump_forward: bool, n: int) -> dict:
             GenerateReq(
                 f"p{i}",
                 ids,
-                wire_sampling({"max_new_tokens": 160, "temperature": 0, "json_schema": schema}),
+                parse_sampling({"max_new_tokens": 160, "temperature": 0, "json_schema": schema}),
             )
         )
     _drain(s, outs)

@@ -73,9 +73,9 @@ class OutMeta(msgspec.Struct):
 
 class Sampling(msgspec.Struct, frozen=True):
     """Sampling parameters as the scheduler uses them: validated once, in the tokenizer manager
-    (``SamplingParams.to_wire``), and trusted from then on. The constraint is normalised to one
-    ``(kind, spec)``: ``("regex", pattern)``, ``("json", schema text)`` or ``("choices", json
-    list)``."""
+    (``sampling.params.parse_sampling``), and trusted from then on. The constraint is normalised
+    to one ``(kind, spec)``: ``("regex", pattern)``, ``("json_schema", schema text)`` or
+    ``("choices", JSON list)``."""
 
     max_new_tokens: int = 128
     min_new_tokens: int = 0

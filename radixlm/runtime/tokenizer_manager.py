@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import zmq
 import zmq.asyncio
 
@@ -33,7 +34,7 @@ from radixlm.runtime.messages import (
     OutMeta,
     TextOut,
 )
-from radixlm.runtime.sampling.params import INT32_MAX, SamplingParams
+from radixlm.runtime.sampling.params import INT32_MAX, parse_sampling
 
 logger = logging.getLogger(__name__)
 
@@ -83,12 +84,6 @@ def check_text(field: str, text: str) -> None:
         ) from None
 
 
-def _check_without_tokenizer(req: SingleRequest, params: SamplingParams) -> None:
-    if req.text is not None:
-        raise ValueError(
-            "text is unavailable with skip_tokenizer_init (no tokenizer is loaded): pass input_ids"
-        )
-    params.check_without_tokenizer()
 
 
 def _merge_meta(before: OutMeta | None, new: OutMeta) -> OutMeta:
@@ -147,9 +142,12 @@ class TokenizerManager:
 
     def prepare(self, req: SingleRequest) -> GenerateReq:
         """Tokenise and validate; raises ValueError naming the problem."""
-        params = SamplingParams.from_dict(req.sampling)
-        if self.tokenizer is None:
-            _check_without_tokenizer(req, params)
+        if self.tokenizer is None and req.text is not None:
+            raise ValueError(
+                "text is unavailable with skip_tokenizer_init (no tokenizer is loaded): pass "
+                "input_ids"
+            )
+        params = parse_sampling(req.sampling, has_tokenizer=self.tokenizer is not None)
         for i, stop in enumerate(params.stop):
             check_text(f"stop[{i}]", stop)
         if req.input_ids is None:
@@ -171,8 +169,8 @@ class TokenizerManager:
                 f"{len(ids) + wanted} were requested ({len(ids)} in the prompt, {wanted} in "
                 f"max_new_tokens): the input is longer than the model's context length"
             )
-        sampling = params.to_wire(
-            max_new_tokens=min(params.max_new_tokens, self.context_len - len(ids))
+        sampling = msgspec.structs.replace(
+            params, max_new_tokens=min(params.max_new_tokens, self.context_len - len(ids))
         )
         start = req.logprob_start_len
         if not isinstance(start, int) or not -1 <= start <= INT32_MAX:

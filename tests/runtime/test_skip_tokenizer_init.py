@@ -11,7 +11,7 @@ import torch
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.loader.loader import load_model
 from radixlm.runtime.messages import GenerateReq
-from radixlm.runtime.sampling.params import wire_sampling
+from radixlm.runtime.sampling.params import parse_sampling
 from radixlm.runtime.scheduler.scheduler import Scheduler
 from tests.conftest import assert_no_leak
 
@@ -91,7 +91,7 @@ def test_dummy_weights_from_a_bare_config(bare_llama, tmp_path):
     loaded = load_model(args, torch.device("cpu"), torch.float32)
     assert loaded.tokenizer is None and loaded.config.eos_token_ids
     scheduler = Scheduler(args)
-    scheduler.handle(GenerateReq("ok", [5, 6, 7], wire_sampling({**GREEDY, "max_new_tokens": 3})))
+    scheduler.handle(GenerateReq("ok", [5, 6, 7], parse_sampling({**GREEDY, "max_new_tokens": 3})))
     outs: dict = {}
     while scheduler.has_work or scheduler.outbox:
         for o in scheduler.step():

@@ -10,7 +10,7 @@ import pytest
 
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.messages import FinishKind, GenerateReq, Sampling
-from radixlm.runtime.sampling.params import wire_sampling
+from radixlm.runtime.sampling.params import parse_sampling
 from radixlm.runtime.scheduler.scheduler import Scheduler
 
 # NOTE: a random-weight model will happily write digits forever, so every value here is bounded
@@ -101,7 +101,7 @@ def constrained_requests(tok) -> list[GenerateReq]:
             ("s2", {"temperature": 1.0, "sampling_seed": 2}),
         ):
             sampling = {"max_new_tokens": 200, "json_schema": json.dumps(schema), **params}
-            reqs.append(GenerateReq(f"schema{i}-{mode}", prompt, wire_sampling(sampling)))
+            reqs.append(GenerateReq(f"schema{i}-{mode}", prompt, parse_sampling(sampling)))
     for i, regex in enumerate(REGEXES):
         for mode, params in (
             ("greedy", {"temperature": 0}),
@@ -111,7 +111,7 @@ def constrained_requests(tok) -> list[GenerateReq]:
                 GenerateReq(
                     f"regex{i}-{mode}",
                     prompt,
-                    wire_sampling({"max_new_tokens": 60, "regex": regex, **params}),
+                    parse_sampling({"max_new_tokens": 60, "regex": regex, **params}),
                 )
             )
     return reqs

@@ -10,7 +10,7 @@ import radixlm.runtime.scheduler as scheduler_pkg
 
 PARSERS = {
     "from_dict", "validate", "constraint_from_params", "check_regex", "canonical_schema",
-    "parse_choices", "wire_sampling",
+    "parse_choices", "wire_sampling", "parse_sampling",
 }
 
 
