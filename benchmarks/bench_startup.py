@@ -27,6 +27,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_serving import free_port  # noqa: E402
 from common import bar_chart, log, save  # noqa: E402
 
+from radixlm.runtime.launcher import rss_bytes  # noqa: E402
+
 PROMPT = "Write a short story about a robot who learns to paint."
 
 
@@ -35,12 +37,11 @@ def tree_rss(pid: int) -> int:
     total, stack = 0, [pid]
     while stack:
         p = stack.pop()
+        total += rss_bytes(p) or 0
         try:
-            with open(f"/proc/{p}/status") as f:
-                total += next(int(ln.split()[1]) for ln in f if ln.startswith("VmRSS:")) * 1024
             with open(f"/proc/{p}/task/{p}/children") as f:
                 stack.extend(int(c) for c in f.read().split())
-        except (OSError, StopIteration):
+        except OSError:
             continue
     return total
 

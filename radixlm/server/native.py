@@ -60,28 +60,30 @@ async def _frames(state: ServerState, reqs: list[SingleRequest]) -> AsyncIterato
     yield DONE_FRAME
 
 
-@router.get("/health")
-async def health(request: Request) -> Response:
-    """200 while the scheduler and detokenizer processes are alive, else 503."""
+def _not_alive(request: Request) -> Response | None:
+    """A 503 while the server starts or after its engine died; None while it is alive."""
     state = getattr(request.app.state, "server", None)
     if state is None:
         return error_response(503, "the server is starting")
     if not state.runtime.alive:
         reason = state.runtime.manager.dead or state.runtime.backend.dead_reason()
         return error_response(503, f"the engine is not running: {reason}")
-    return JSONResponse({"status": "ok"})
+    return None
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    """200 while the scheduler and detokenizer processes are alive, else 503."""
+    return _not_alive(request) or JSONResponse({"status": "ok"})
 
 
 @router.get("/ready")
 async def ready(request: Request) -> Response:
     """Readiness: 200 when the model is loaded, the scheduler answers a ping within
     ``READY_PING_S`` and the queue has room; else 503 saying which is not the case."""
-    state = getattr(request.app.state, "server", None)
-    if state is None:
-        return error_response(503, "the server is starting")
-    if not state.runtime.alive:
-        reason = state.runtime.manager.dead or state.runtime.backend.dead_reason()
-        return error_response(503, f"the engine is not running: {reason}")
+    if (dead := _not_alive(request)) is not None:
+        return dead
+    state = server_state(request)
     if state.runtime.manager.is_full:
         return error_response(503, "the request queue is full", code="queue_full")
     try:

@@ -15,6 +15,8 @@ from typing import Any
 from outlines_core.json_schema import build_regex_from_schema
 
 from radixlm.runtime.constrained.number_regex import (
+    FRACTION,
+    MAX_DIGITS,
     MAX_MAGNITUDE,
     int_at_or_above,
     int_at_or_below,
@@ -87,8 +89,8 @@ def json_schema_regex(schema: str, whitespace_pattern: str) -> str:
 # NOTE: outlines-core's number pieces have no length limit, and a small model can loop in a
 # number until max_tokens; a double holds 17 significant digits, more is noise.
 _UNBOUNDED_NUMBER_PARTS = {
-    "(0|[1-9][0-9]*)": "(0|[1-9][0-9]{0,15})",
-    r"(\.[0-9]+)?": r"(\.[0-9]{1,16})?",
+    "(0|[1-9][0-9]*)": f"(0|[1-9][0-9]{{0,{MAX_DIGITS - 1}}})",
+    r"(\.[0-9]+)?": f"({FRACTION})?",
     r"([eE][+-][0-9]+)?": r"([eE][+-][0-9]{1,3})?",
 }
 

@@ -74,11 +74,16 @@ def compilers(backends) -> dict[str, GrammarCompiler]:
 
 
 @pytest.fixture(scope="session")
-def closer_bias(tokenizer) -> torch.Tensor:
+def token_table(tokenizer) -> list[bytes | None]:
+    """Each token id's bytes (None for special tokens)."""
+    return token_bytes_table(tokenizer, VOCAB_SIZE, [EOS_ID])
+
+
+@pytest.fixture(scope="session")
+def closer_bias(token_table) -> torch.Tensor:
     """A bias toward tokens that only close strings, objects, arrays or groups (strings first),
     then toward a lone separator, so that samples end."""
-    table = token_bytes_table(tokenizer, VOCAB_SIZE, [EOS_ID])
-    weights = [_closer_weight(data) for data in table]
+    weights = [_closer_weight(data) for data in token_table]
     return torch.tensor(weights, dtype=torch.float32).unsqueeze(0)
 
 
@@ -90,13 +95,16 @@ def _closer_weight(data: bytes | None) -> float:
 
 @pytest.fixture(scope="session")
 def sample(closer_bias) -> Callable[..., tuple[list[int], bool]]:
-    """Drive a matcher over masked logits: random per seed, or greedy over fixed logits.
+    """Drive a matcher over masked logits: random per seed, or greedy over fixed logits, plus
+    ``bias`` (default: a growing pull toward closing tokens).
 
     Returns the tokens (EOS excluded) and whether the run ended (EOS or termination).
     """
     fixed = torch.randn(1, VOCAB_SIZE, generator=torch.Generator().manual_seed(1234))
 
-    def run(matcher: Matcher, seed: int | None) -> tuple[list[int], bool]:
+    def run(
+        matcher: Matcher, seed: int | None, bias: torch.Tensor | None = None
+    ) -> tuple[list[int], bool]:
         gen = None if seed is None else torch.Generator().manual_seed(seed)
         bitmask = allocate_bitmask(1, VOCAB_SIZE)
         tokens: list[int] = []
@@ -105,7 +113,7 @@ def sample(closer_bias) -> Callable[..., tuple[list[int], bool]]:
                 return tokens, True
             matcher.fill_bitmask(bitmask, 0)
             logits = fixed.clone() if gen is None else torch.randn(1, VOCAB_SIZE, generator=gen)
-            logits += closer_bias * (step / 8.0)
+            logits += closer_bias * (step / 8.0) if bias is None else bias
             if matcher.is_accepting():
                 logits[0, EOS_ID] += 4.0
             apply_bitmask(logits, bitmask)
