@@ -19,6 +19,7 @@ from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.distributed.parallel import RankInfo, check_gpu_count, file_init_method
 from radixlm.runtime.distributed.shard import check_tp_size
 from radixlm.runtime.loader.loader import load_config
+from radixlm.runtime.tokenizer_manager import TokenizerManager
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +34,11 @@ class Backend:
     ports: ipc.PortArgs
     procs: dict[str, subprocess.Popen]
     info: dict
+    watched = True  # NOTE: the Runtime's watchdog pings this scheduler (Ray watches its own)
+
+    def manager(self, tokenizer) -> TokenizerManager:
+        """The front that sends requests to these processes."""
+        return TokenizerManager(self.args, self.ports, tokenizer, self.info)
 
     def rss_bytes(self) -> dict[str, int | None]:
         """Resident memory of each child process (None where it cannot be read)."""

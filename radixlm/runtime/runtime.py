@@ -15,7 +15,6 @@ from typing import Any
 import torch
 
 from radixlm.runtime.config import ServerArgs
-from radixlm.runtime.distributed.data_parallel import DataParallelManager
 from radixlm.runtime.io_struct import GenerateInput
 from radixlm.runtime.launcher import Backend, rss_bytes
 from radixlm.runtime.loader.loader import load_config, load_tokenizer
@@ -30,17 +29,16 @@ class Runtime:
         self.backend = backend
         self.manager = manager
         self.tokenizer = manager.tokenizer
-        self._watch = asyncio.get_running_loop().create_task(self._watchdog())
+        self._watch = None
+        if backend.watched:
+            self._watch = asyncio.get_running_loop().create_task(self._watchdog())
 
     @classmethod
     def start(cls, args: ServerArgs, backend: Backend) -> Runtime:
         """Call on the loop that will serve requests."""
         _, path, fmt = load_config(args)
         tokenizer = load_tokenizer(args, path, fmt)
-        if args.dp_size > 1:
-            manager = DataParallelManager(args, backend, tokenizer)
-        else:
-            manager = TokenizerManager(args, backend.ports, tokenizer, backend.info)
+        manager = backend.manager(tokenizer)
         manager.start()
         return cls(args, backend, manager)
 
@@ -117,6 +115,7 @@ class Runtime:
         }
 
     async def close(self) -> None:
-        self._watch.cancel()
+        if self._watch is not None:
+            self._watch.cancel()
         self.manager.close()
         await asyncio.get_running_loop().run_in_executor(None, self.backend.shutdown)

@@ -86,6 +86,18 @@ def check_text(field: str, text: str) -> None:
 
 
 
+async def tokenize(tokenizer, req: SingleRequest) -> SingleRequest:
+    """``req`` with its text tokenised; long texts on a worker thread, so that one huge
+    prompt does not stall every other client on the event loop."""
+    if req.text is None or tokenizer is None:
+        return req
+    check_text("text", req.text)
+    if len(req.text) < THREAD_TOKENIZE_CHARS:
+        return dataclasses.replace(req, input_ids=tokenizer.encode(req.text))
+    ids = await asyncio.get_running_loop().run_in_executor(None, tokenizer.encode, req.text)
+    return dataclasses.replace(req, input_ids=ids)
+
+
 def _merge_meta(before: OutMeta | None, new: OutMeta) -> OutMeta:
     """``new`` with the output logprob lists of ``before`` in front, and the prompt's kept."""
     if before is None:
@@ -128,17 +140,7 @@ class TokenizerManager:
     # -- requests ----------------------------------------------------------------------------
 
     async def tokenize(self, req: SingleRequest) -> SingleRequest:
-        """``req`` with its text tokenised; long texts on a worker thread, so that one huge
-        prompt does not stall every other client on the event loop."""
-        if req.text is None or self.tokenizer is None:
-            return req
-        check_text("text", req.text)
-        if len(req.text) < THREAD_TOKENIZE_CHARS:
-            return dataclasses.replace(req, input_ids=self.tokenizer.encode(req.text))
-        ids = await asyncio.get_running_loop().run_in_executor(
-            None, self.tokenizer.encode, req.text
-        )
-        return dataclasses.replace(req, input_ids=ids)
+        return await tokenize(self.tokenizer, req)
 
     def prepare(self, req: SingleRequest) -> GenerateReq:
         """Tokenise and validate; raises ValueError naming the problem."""

@@ -60,9 +60,9 @@ CHOICES = {"dtype": DTYPES, "load_format": LOAD_FORMATS, "schedule_policy": SCHE
            "reasoning_parser": sorted(REASONING_PARSERS)}  # fmt: skip
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "radixlm serve") -> argparse.ArgumentParser:
     """One ``--flag`` per ``ServerArgs`` field, plus ``--api-key-file``."""
-    parser = argparse.ArgumentParser(prog="radixlm serve", description="Serve a model over HTTP.")
+    parser = argparse.ArgumentParser(prog=prog, description="Serve a model over HTTP.")
     parser.add_argument("--api-key-file", help="a file whose first line is the API key")
     defaults = ServerArgs()
     for f in dataclasses.fields(ServerArgs):
@@ -82,13 +82,16 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: list[str]) -> ServerArgs:
     if argv[:1] == ["serve"]:
         argv = argv[1:]
-    ns = build_parser().parse_args(argv)
+    return server_args(vars(build_parser().parse_args(argv)))
+
+
+def server_args(kwargs: dict, prog: str = "radixlm serve") -> ServerArgs:
+    """``ServerArgs`` from parsed flags; a bad value ends the program with a one-line error."""
     try:
-        kwargs = vars(ns)
         kwargs["api_key"] = api_key(kwargs["api_key"], kwargs.pop("api_key_file"))
         return ServerArgs.from_kwargs(**kwargs)
     except ValueError as e:
-        raise SystemExit(f"radixlm serve: error: {e}") from None
+        raise SystemExit(f"{prog}: error: {e}") from None
 
 
 def api_key(flag: str | None, path: str | None) -> str | None:
@@ -183,7 +186,12 @@ def serve(args: ServerArgs) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve-ray"]:
+        from radixlm.deploy.ray import main as serve_ray  # NOTE: needs the ray extra
+
+        sys.exit(serve_ray(argv[1:]))
+    args = parse_args(argv)
     threads.apply(1)  # NOTE: this process only tokenizes and serves; the scheduler computes
     logging.basicConfig(level=args.log_level.upper(), format="[server] %(levelname)s %(message)s")
     sys.exit(serve(args))

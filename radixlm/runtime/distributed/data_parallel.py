@@ -31,6 +31,11 @@ class ReplicaSet:
         self.replicas = replicas
         self.info = {**replicas[0].info, "dp_size": len(replicas)}
 
+    watched = True
+
+    def manager(self, tokenizer) -> DataParallelManager:
+        return DataParallelManager(self.args, self, tokenizer)
+
     def dead_reason(self) -> str | None:
         for i, backend in enumerate(self.replicas):
             reason = backend.dead_reason()
@@ -86,6 +91,11 @@ class DataParallelManager:
     @property
     def dead(self) -> str | None:
         return next((m.dead for m in self.managers if m.dead), None)
+
+    @property
+    def is_full(self) -> bool:
+        """No replica has room for another request."""
+        return all(m.is_full for m in self.managers)
 
     @property
     def states(self) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Choose a data-parallel replica for each request.
+"""Choose a replica for each request: the ``--dp-size`` replicas of one host and the Ray Serve
+replicas of ``radixlm.deploy`` share this code.
 
 Policies (a registry): ``cache_aware`` sends a request to the replica whose record of past
 requests shares the longest prefix with it, unless that replica is overloaded compared with the
@@ -12,10 +13,10 @@ beyond a fixed capacity. It never sees the replicas' real caches, only what was 
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
-ROUTING_POLICIES: dict[str, Callable[[Router, list[int]], int]] = {}
+ROUTING_POLICIES: dict[str, Callable] = {}  # name -> policy(router, path, candidates) -> replica
 
 BLOCK_TOKENS = 16
 INDEX_CAPACITY = 1 << 16  # nodes per replica: about a million tokens of history
@@ -69,11 +70,17 @@ class PrefixIndex:
 
 
 class Router:
-    """Routes token-id prompts over ``num_replicas`` replicas and counts requests in flight."""
+    """Routes token-id prompts over a set of replicas and counts requests in flight.
+
+    Replicas are any hashable keys: ``0 .. n-1`` for ``--dp-size``, Ray Serve replica ids for
+    the Ray deployment (whose replicas come and go: ``sync`` follows them). ``route`` picks and
+    records in one call; a caller that learns later where a request went (Ray's request router)
+    calls ``choose`` and then ``record``.
+    """
 
     def __init__(
         self,
-        num_replicas: int,
+        replicas: int | Iterable[Hashable],
         policy: str = "cache_aware",
         balance_threshold: int = BALANCE_THRESHOLD,
         index_capacity: int = INDEX_CAPACITY,
@@ -82,62 +89,83 @@ class Router:
             raise ValueError(f"routing policy must be one of {sorted(ROUTING_POLICIES)}")
         self.policy = policy
         self.balance_threshold = balance_threshold
-        self.indexes = [PrefixIndex(index_capacity) for _ in range(num_replicas)]
-        self.loads = [0] * num_replicas
-        self.routed = [0] * num_replicas
+        self.index_capacity = index_capacity
+        self.indexes: dict[Hashable, PrefixIndex] = {}
+        self.loads: Counter = Counter()
+        self.routed: Counter = Counter()
         self.decisions: Counter = Counter()
         self.turn = 0
+        self.sync(range(replicas) if isinstance(replicas, int) else replicas)
 
     @property
-    def num_replicas(self) -> int:
-        return len(self.loads)
+    def replicas(self) -> list[Hashable]:
+        return list(self.indexes)
 
-    def route(self, ids: list[int]) -> int:
-        """Pick a replica for a prompt and count the request in flight there."""
-        path = block_path(ids)
-        replica = ROUTING_POLICIES[self.policy](self, path)
-        self.indexes[replica].insert(path)
+    def sync(self, replicas: Iterable[Hashable]) -> None:
+        """Follow the live replica set: new ones start empty, gone ones are forgotten."""
+        live = list(replicas)
+        for key in live:
+            self.indexes.setdefault(key, PrefixIndex(self.index_capacity))
+        for key in set(self.indexes) - set(live):
+            del self.indexes[key]
+            self.loads.pop(key, None)
+
+    def choose(self, ids: list[int], candidates: list[Hashable] | None = None) -> Hashable:
+        """The replica the policy picks for a prompt among ``candidates`` (default: all)."""
+        candidates = candidates or self.replicas
+        for key in candidates:
+            self.indexes.setdefault(key, PrefixIndex(self.index_capacity))
+        return ROUTING_POLICIES[self.policy](self, block_path(ids), candidates)
+
+    def record(self, ids: list[int], replica: Hashable) -> None:
+        """A prompt went to ``replica``: remember its prefix there and count it in flight."""
+        self.indexes.setdefault(replica, PrefixIndex(self.index_capacity)).insert(block_path(ids))
         self.loads[replica] += 1
         self.routed[replica] += 1
+
+    def route(self, ids: list[int]) -> Hashable:
+        """Pick a replica for a prompt and count the request in flight there."""
+        replica = self.choose(ids)
+        self.record(ids, replica)
         return replica
 
-    def done(self, replica: int) -> None:
+    def done(self, replica: Hashable) -> None:
         """A request routed to ``replica`` finished (or failed)."""
-        self.loads[replica] -= 1
+        if self.loads[replica] > 0:
+            self.loads[replica] -= 1
 
-    def least_loaded(self) -> int:
-        return min(range(self.num_replicas), key=lambda i: (self.loads[i], self.routed[i]))
+    def least_loaded(self, candidates: list[Hashable]) -> Hashable:
+        return min(candidates, key=lambda k: (self.loads[k], self.routed[k]))
 
-    def stats(self, replica: int) -> dict[str, Any]:
+    def stats(self, replica: Hashable) -> dict[str, Any]:
         return {
             "routed": self.routed[replica],
             "in_flight": self.loads[replica],
-            "index_nodes": len(self.indexes[replica]),
+            "index_nodes": len(self.indexes.get(replica, ())),
         }
 
 
 @register_policy("round_robin")
-def round_robin(router: Router, path: list[int]) -> int:
+def round_robin(router: Router, path: list[int], candidates: list[Hashable]) -> Hashable:
     router.turn += 1
-    return (router.turn - 1) % router.num_replicas
+    return candidates[(router.turn - 1) % len(candidates)]
 
 
 @register_policy("least_load")
-def least_load(router: Router, path: list[int]) -> int:
-    return router.least_loaded()
+def least_load(router: Router, path: list[int], candidates: list[Hashable]) -> Hashable:
+    return router.least_loaded(candidates)
 
 
 @register_policy("cache_aware")
-def cache_aware(router: Router, path: list[int]) -> int:
-    n = router.num_replicas
-    matches = [index.match(path) for index in router.indexes]
-    best = max(range(n), key=lambda i: (matches[i], -router.loads[i]))
-    least = router.least_loaded()
+def cache_aware(router: Router, path: list[int], candidates: list[Hashable]) -> Hashable:
+    matches = {k: router.indexes[k].match(path) for k in candidates}
+    best = max(candidates, key=lambda k: (matches[k], -router.loads[k]))
+    least = router.least_loaded(candidates)
     if router.loads[best] - router.loads[least] > router.balance_threshold:
         router.decisions["balance"] += 1
         return least
     if not path or matches[best] < max(1, MIN_MATCH_RATIO * len(path)):
         router.decisions["new_prefix"] += 1
-        return min(range(n), key=lambda i: (len(router.indexes[i]), router.loads[i]))
+        return min(candidates, key=lambda k: (len(router.indexes[k]), router.loads[k]))
     router.decisions["prefix"] += 1
     return best
