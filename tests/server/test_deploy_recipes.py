@@ -46,6 +46,21 @@ def test_recipe_flags_and_probes_match_the_server(recipe, tmp_path):
         assert set(paths) <= routes
 
 
+def test_the_ray_serve_config_builds_with_flags_the_cli_knows():
+    pytest.importorskip("ray")
+    from radixlm.deploy.ray import _argv, parse_ray_args
+
+    with open(os.path.join(ROOT, "ray", "serve-config.yaml")) as f:
+        config = yaml.safe_load(f)
+    (app,) = config["applications"]
+    assert app["import_path"] == "radixlm.deploy.ray:app"
+    args, options = parse_ray_args(_argv(app["args"]))  # SystemExit on an unknown flag
+    assert options.num_replicas == 2 and args.max_total_tokens == 32768
+    auto = {"min_replicas": 1, "max_replicas": 4}
+    _, options = parse_ray_args(_argv({**app["args"], "autoscaling_config": auto}))
+    assert options.autoscaling_config == auto
+
+
 def test_the_dockerfile_serves_on_the_port_the_recipes_use():
     with open(os.path.join(ROOT, "Dockerfile")) as f:
         text = f.read()
