@@ -1,10 +1,10 @@
 """Shared-prefix serving through Ray Serve: radixlm's prefix-affinity router vs Ray's default
 power-of-two router (2 replicas each) vs one replica, on a local Ray cluster.
 
-The workload: ``--groups`` documents of ~``--prefix-words`` words, ``--per-group`` questions
+The workload: ``--groups`` few-shot headers of ``--shots`` examples, ``--per-group`` questions
 each, shuffled, sent ``--concurrency`` at a time as streaming ``/generate`` requests through
 Ray's HTTP proxy (greedy, ``--new-tokens`` tokens). Each replica's KV cache holds about half of
-the documents, so where a request lands decides whether its prefix is still cached.
+the headers, so where a request lands decides whether its prefix is still cached.
 Reports req/s, TTFT p50/p99 and the replicas' cache hit rate.
 Run: ``.venv/bin/python benchmarks/bench_cluster.py`` (needs the ray extra)
 """
@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import httpx  # noqa: E402
 from common import bar_chart, log, save  # noqa: E402
+from prefix_workload import few_shot_prefix, questions  # noqa: E402
 
 CONFIGS = {  # name -> (replicas, RayOptions extras, load_balance_method)
     "prefix_affinity": (2, {}, "cache_aware"),
@@ -33,14 +34,11 @@ CONFIGS = {  # name -> (replicas, RayOptions extras, load_balance_method)
 }
 
 
-def workload(groups: int, per_group: int, words: int, seed: int = 0) -> list[str]:
-    rng = random.Random(seed)
-    vocab = [f"w{i}" for i in range(1000)]
-    docs = [f"Document {g}: " + " ".join(rng.choice(vocab) for _ in range(words))
-            for g in range(groups)]  # fmt: skip
-    prompts = [f"{docs[g]}\nQuestion {i}: what does item {i} say?"
-               for g in range(groups) for i in range(per_group)]  # fmt: skip
-    rng.shuffle(prompts)
+def workload(groups: int, per_group: int, shots: int, seed: int = 0) -> list[str]:
+    """``groups`` few-shot headers (a different seed each), ``per_group`` questions each."""
+    prompts = [few_shot_prefix(shots, seed=100 + g) + q
+               for g in range(groups) for q in questions(per_group, seed=g)]  # fmt: skip
+    random.Random(seed).shuffle(prompts)
     return prompts
 
 
@@ -103,10 +101,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--groups", type=int, default=6)
     ap.add_argument("--per-group", type=int, default=12)
-    ap.add_argument("--prefix-words", type=int, default=240)
+    ap.add_argument("--shots", type=int, default=10, help="few-shot examples per header")
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--concurrency", type=int, default=8)
-    ap.add_argument("--kv-tokens", type=int, default=1536, help="KV cache size of each replica")
+    ap.add_argument("--kv-tokens", type=int, default=1024, help="KV cache size of each replica")
     args = ap.parse_args()
     import ray
     from ray import serve
@@ -115,7 +113,7 @@ def main() -> None:
     ray.init(include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    prompts = workload(args.groups, args.per_group, args.prefix_words)
+    prompts = workload(args.groups, args.per_group, args.shots)
     try:
         results = {name: run_config(name, f"http://127.0.0.1:{port}", prompts, args)
                    for name in CONFIGS}  # fmt: skip

@@ -52,14 +52,16 @@ class PrefixAffinityRouter(RequestRouter):
         ids = arg.input_ids if isinstance(arg, SingleRequest) else None
         if not ids:
             return [candidate_replicas]  # NOTE: Ray takes the shortest queue among them
-        return [[by_id[self.router.choose(ids, list(by_id))]]]
+        key = self.router.choose(ids, list(by_id))
+        self.router.remember(ids, key)
+        return [[by_id[key]]]
 
     def on_request_routed(
         self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any
     ) -> None:
         arg = _first_arg(pending_request)
         if isinstance(arg, SingleRequest) and arg.input_ids:
-            self.router.record(arg.input_ids, replica_id.unique_id)
+            self.router.started(replica_id.unique_id)
             self.in_flight[pending_request.metadata.internal_request_id] = replica_id.unique_id
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:

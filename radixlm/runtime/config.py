@@ -146,6 +146,11 @@ class ServerArgs:
     # format (BlockStored / BlockRemoved / AllBlocksCleared) for KV-aware routers; None: off
     kv_events_endpoint: str | None = None
     kv_events_block_size: int = 16  # tokens per reported block
+    # A directory holding KV blocks below the radix tree (mem_cache/disk_tier.py): prefixes
+    # outlive eviction and restarts. None: off. The size is bytes or a number with KB/MB/GB/TB.
+    kv_disk_cache: str | None = None
+    kv_disk_cache_size: str = "20GB"
+    kv_disk_block_size: int = 64  # tokens per block file
 
     def __post_init__(self) -> None:
         _check_choice("dtype", self.dtype, DTYPES)
@@ -165,6 +170,7 @@ class ServerArgs:
             "cuda_graph_max_bs",
             "max_request_bytes",
             "kv_events_block_size",
+            "kv_disk_block_size",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -180,6 +186,20 @@ class ServerArgs:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if self.max_queued_requests is not None and self.max_queued_requests < 0:
             raise ValueError(f"max_queued_requests must be >= 0, got {self.max_queued_requests}")
+        parse_size("kv_disk_cache_size", self.kv_disk_cache_size)
+        if self.kv_disk_cache is not None:
+            self._check_disk_cache()
+
+    def _check_disk_cache(self) -> None:
+        if self.disable_radix_cache:
+            raise ValueError("kv_disk_cache needs the radix cache (drop disable_radix_cache)")
+        if self.tp_size > 1:
+            raise ValueError("kv_disk_cache does not support tp_size > 1 yet")
+        if self.kv_disk_block_size % self.page_size:
+            raise ValueError(
+                f"kv_disk_block_size ({self.kv_disk_block_size}) must be a multiple of "
+                f"page_size ({self.page_size})"
+            )
 
     @classmethod
     def from_kwargs(cls, **kw: Any) -> ServerArgs:
@@ -192,6 +212,24 @@ class ServerArgs:
 
     def replace(self, **kw: Any) -> ServerArgs:
         return dataclasses.replace(self, **kw)
+
+
+SIZE_UNITS = {"": 1, "B": 1, "KB": 2**10, "MB": 2**20, "GB": 2**30, "TB": 2**40}
+
+
+def parse_size(name: str, text: str) -> int:
+    """Bytes from ``"20GB"``, ``"512MB"`` or ``"1000000"`` (binary units); ValueError naming
+    ``name`` otherwise."""
+    raw = str(text).strip().upper()
+    unit = next((u for u in ("TB", "GB", "MB", "KB", "B") if raw.endswith(u)), "")
+    number = raw[: len(raw) - len(unit)].strip()
+    try:
+        value = float(number) * SIZE_UNITS[unit]
+    except ValueError:
+        raise ValueError(f"{name} must be a size such as 20GB or 512MB, got {text!r}") from None
+    if not 0 < value < 2**60:
+        raise ValueError(f"{name} must be a positive size, got {text!r}")
+    return int(value)
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:

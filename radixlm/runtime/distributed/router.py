@@ -75,7 +75,7 @@ class Router:
     Replicas are any hashable keys: ``0 .. n-1`` for ``--dp-size``, Ray Serve replica ids for
     the Ray deployment (whose replicas come and go: ``sync`` follows them). ``route`` picks and
     records in one call; a caller that learns later where a request went (Ray's request router)
-    calls ``choose`` and then ``record``.
+    calls ``choose`` and ``remember``, then ``started`` once it is sent.
     """
 
     def __init__(
@@ -117,16 +117,23 @@ class Router:
             self.indexes.setdefault(key, PrefixIndex(self.index_capacity))
         return ROUTING_POLICIES[self.policy](self, block_path(ids), candidates)
 
-    def record(self, ids: list[int], replica: Hashable) -> None:
-        """A prompt went to ``replica``: remember its prefix there and count it in flight."""
+    def remember(self, ids: list[int], replica: Hashable) -> None:
+        """Record that ``replica`` will hold this prompt's prefix.
+
+        NOTE: at decision time, before the request is sent, so that prompts of a new prefix
+        routed close together follow the first one instead of each picking a replica."""
         self.indexes.setdefault(replica, PrefixIndex(self.index_capacity)).insert(block_path(ids))
+
+    def started(self, replica: Hashable) -> None:
+        """A request is in flight on ``replica``."""
         self.loads[replica] += 1
         self.routed[replica] += 1
 
     def route(self, ids: list[int]) -> Hashable:
         """Pick a replica for a prompt and count the request in flight there."""
         replica = self.choose(ids)
-        self.record(ids, replica)
+        self.remember(ids, replica)
+        self.started(replica)
         return replica
 
     def done(self, replica: Hashable) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from radixlm.runtime.mem_cache.disk_tier import DiskTier
 from radixlm.runtime.mem_cache.memory_pool import ReqToTokenPool, SlotAllocator
 from radixlm.runtime.mem_cache.radix_cache import RadixCache
 from radixlm.runtime.scheduler.req import Req
@@ -16,11 +17,16 @@ from radixlm.runtime.scheduler.req import Req
 
 class CacheManager:
     def __init__(
-        self, req_pool: ReqToTokenPool, allocator: SlotAllocator, tree: RadixCache | None
+        self,
+        req_pool: ReqToTokenPool,
+        allocator: SlotAllocator,
+        tree: RadixCache | None,
+        disk: DiskTier | None = None,
     ) -> None:
         self.req_pool = req_pool
         self.allocator = allocator
         self.tree = tree  # None: radix cache disabled
+        self.disk = disk if tree is not None else None  # the tier below the tree
         self.hit_tokens = 0
         self.queried_tokens = 0
 
@@ -39,7 +45,10 @@ class CacheManager:
             return False
         req.slot, req.kv_len, req.tree_len, req.node = slot, 0, 0, None
         if self.tree is not None:
-            slots, node = self.tree.match_prefix(req.fill_ids[: req.max_match_len])
+            key = req.fill_ids[: req.max_match_len]
+            if self.disk is not None:
+                self._restore(key)
+            slots, node = self.tree.match_prefix(key)
             self.tree.lock(node)
             req.node, req.kv_len, req.tree_len = node, len(slots), len(slots)
             self.req_pool.table[slot, : len(slots)] = slots.to(self.req_pool.table.device)
@@ -48,6 +57,21 @@ class CacheManager:
             self.hit_tokens += req.kv_len
             self.queried_tokens += len(req.input_ids)
         return True
+
+    def _restore(self, key: list[int]) -> None:
+        """Extend the tree's match of ``key`` with the blocks the disk tier holds."""
+        slots, node = self.tree.match_prefix(key)
+        self.tree.lock(node)  # NOTE: the eviction that makes room must not take this prefix
+        try:
+            got = self.disk.restore(key, len(slots), self.alloc)
+        finally:
+            self.tree.unlock(node)
+        if got is None:
+            return
+        end = got.start + len(got.slots)
+        present = self.tree.insert(key[:end], torch.cat([slots, got.slots]))
+        if present > got.start:  # NOTE: cannot happen on one thread; keeps the invariant anyway
+            self.allocator.free(got.slots[: present - got.start])
 
     def alloc(self, n: int) -> torch.Tensor | None:
         """``n`` free KV slots, evicting unlocked cache entries if needed; None if impossible."""
@@ -71,6 +95,8 @@ class CacheManager:
         row = self.req_pool.table[req.slot]
         key = req.fill_ids[: req.kv_len]
         present = self.tree.insert(key, row[: req.kv_len].cpu())
+        if self.disk is not None:
+            self.disk.save(key, row[: req.kv_len])
         if present > req.tree_len:  # another request inserted these first: ours are duplicates
             self.allocator.free(row[req.tree_len : present].cpu())
         slots, node = self.tree.match_prefix(key)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import time
 import traceback
 
@@ -44,10 +45,14 @@ def run_scheduler_process(
         )
         return
     ready_pipe.send({"ok": True, **model_info(scheduler)})
-    _loop(scheduler, inbox, outbox, args, parent)
-    scheduler.runner.close()
-    if scheduler.kv_events is not None:
-        scheduler.kv_events.close()
+    # NOTE: SIGTERM (the launcher's shutdown) ends the loop cleanly: the disk tier's queued
+    # writes finish before the process exits
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        _loop(scheduler, inbox, outbox, args, parent)
+    finally:
+        scheduler.close()
+        scheduler.runner.close()
     ports.cleanup()  # NOTE: the parent is gone (maybe killed): nobody else removes the ipc dir
 
 

@@ -12,6 +12,7 @@ import torch
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.mem_cache.cache_manager import CacheManager
+from radixlm.runtime.mem_cache.disk_tier import DiskTier
 from radixlm.runtime.mem_cache.kv_events import KVEventPublisher
 from radixlm.runtime.mem_cache.memory_pool import SlotAllocator
 from radixlm.runtime.mem_cache.radix_cache import RadixCache
@@ -46,7 +47,10 @@ class Scheduler:
             self.kv_events = KVEventPublisher(args.kv_events_endpoint, args.kv_events_block_size)
         tree = None if args.disable_radix_cache else RadixCache(args.page_size, self.kv_events)
         allocator = SlotAllocator(self.runner.max_total_tokens)
-        self.cache = CacheManager(self.runner.req_pool, allocator, tree)
+        disk = None
+        if tree is not None and args.kv_disk_cache is not None:
+            disk = DiskTier.open(args, self.runner.model_path, self.runner.kv_pool)
+        self.cache = CacheManager(self.runner.req_pool, allocator, tree, disk)
         self.policy = get_policy(args.schedule_policy)
         self.stop = StopChecker(
             self.runner.tokenizer, self.runner.config.eos_token_ids, self.runner.context_len
@@ -105,6 +109,10 @@ class Scheduler:
             if self.running or self.waiting:
                 return ControlOut(msg.cid, False, {"message": "cannot flush while requests run"})
             self.cache.flush()
+            return ControlOut(msg.cid, True, {})
+        if msg.kind == "flush_disk_cache":
+            if self.cache.disk is not None:
+                self.cache.disk.store.clear()
             return ControlOut(msg.cid, True, {})
         if msg.kind == "stats":
             return ControlOut(msg.cid, True, self.stats_dict())
@@ -253,7 +261,15 @@ class Scheduler:
             "queried_tokens": c.queried_tokens,
             "kv_invariant_ok": self.idle_check_ok(),
             **self.stats.as_dict(),
+            **(c.disk.stats() if c.disk is not None else {}),
         }
+
+    def close(self) -> None:
+        """Finish the disk tier's writes and close the event socket (on a graceful exit)."""
+        if self.cache.disk is not None:
+            self.cache.disk.store.close()
+        if self.kv_events is not None:
+            self.kv_events.close()
 
     def idle_check_ok(self) -> bool | None:
         if self.running:

@@ -1,0 +1,118 @@
+"""The disk tier under the radix tree: write-through of whole blocks, restore past a tree match.
+
+Every whole block of a prefix the tree caches is written to the ``DiskStore`` (once; the
+write itself runs on the store's thread), so blocks outlive both eviction and the process. When
+a prompt's match in the tree ends, the blocks that follow on disk are read into fresh KV slots
+and inserted into the tree, and the request reuses them as any cached prefix. Blocks start at
+multiples of ``block`` tokens from the prompt's start; a match ending inside a block reuses
+that block's tail.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+
+from radixlm.runtime.config import ServerArgs, parse_size
+from radixlm.runtime.mem_cache.disk_store import DiskStore, block_hashes, model_key
+from radixlm.runtime.mem_cache.memory_pool import KVPool
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Restored:
+    slots: torch.Tensor  # KV slots now holding positions [start, start + len(slots))
+    start: int
+
+
+class DiskTier:
+    def __init__(self, store: DiskStore, pool: KVPool, block: int) -> None:
+        self.store = store
+        self.pool = pool
+        self.block = block
+        self.hit_tokens = 0
+        self.load_s = 0.0
+
+    @classmethod
+    def open(cls, args: ServerArgs, model_path: str, pool: KVPool) -> DiskTier:
+        """The tier of ``--kv-disk-cache``: blocks keyed by the weights' identity (path, size,
+        modification time), the KV dtype and shape, the quantization and the block size."""
+        stat = os.stat(model_path)
+        key = model_key(
+            os.path.realpath(model_path), stat.st_size, stat.st_mtime_ns, str(pool.dtype),
+            len(pool.k), tuple(pool.k[0].shape[1:]), args.quantization, args.kv_disk_block_size,
+        )
+        budget = parse_size("kv_disk_cache_size", args.kv_disk_cache_size)
+        store = DiskStore(args.kv_disk_cache, key, budget)
+        logger.info("KV disk cache: %d blocks (%d bytes) in %s", len(store), store.bytes_used,
+                    store.dir)  # fmt: skip
+        return cls(store, pool, args.kv_disk_block_size)
+
+    def save(self, ids: list[int], slots: torch.Tensor) -> None:
+        """Queue every whole block of ``ids`` (KV at ``slots``) that is not stored yet."""
+        b = self.block
+        missing = [(i, h) for i, h in enumerate(block_hashes(ids, b)) if h not in self.store]
+        if not missing:
+            return
+        spans = torch.cat([slots[i * b : (i + 1) * b] for i, _ in missing])
+        kv = self._gather(spans)  # NOTE: one gather per layer for all new blocks
+        for j, (i, h) in enumerate(missing):
+            payload = kv[:, :, j * b : (j + 1) * b].contiguous()
+            self.store.put(h, ids[i * b : (i + 1) * b], payload.view(torch.uint8).numpy().tobytes())
+
+    def restore(self, ids: list[int], matched: int, alloc) -> Restored | None:
+        """Load the stored blocks of ``ids`` that follow its first ``matched`` tokens into
+        slots from ``alloc(n)``; None when the disk has none (or no slots are free)."""
+        start_time = time.perf_counter()
+        hashes = block_hashes(ids, self.block)
+        first = matched // self.block
+        payloads = []
+        for i in range(first, len(hashes)):
+            payload = self.store.get(hashes[i], ids[i * self.block : (i + 1) * self.block])
+            if payload is None:
+                break
+            payloads.append(payload)
+        end = (first + len(payloads)) * self.block
+        if end <= matched:
+            return None
+        slots = alloc(end - matched)
+        if slots is None:
+            return None
+        kv = torch.cat([self._tensor(p) for p in payloads], dim=2)
+        kv = kv[:, :, matched - first * self.block :]
+        at = slots.to(kv.device)
+        for layer in range(len(self.pool.k)):
+            self.pool.write(layer, at, kv[0, layer], kv[1, layer])
+        self.hit_tokens += len(slots)
+        self.load_s += time.perf_counter() - start_time
+        return Restored(slots, matched)
+
+    def _gather(self, slots: torch.Tensor) -> torch.Tensor:
+        """``[2, layers, len(slots), kv_heads, head_dim]`` on the CPU."""
+        slots = slots.to(self.pool.k[0].device)
+        k = torch.stack([layer[slots] for layer in self.pool.k])
+        v = torch.stack([layer[slots] for layer in self.pool.v])
+        return torch.stack([k, v]).cpu()
+
+    def _tensor(self, payload: bytes) -> torch.Tensor:
+        """``[2, layers, block, kv_heads, head_dim]`` on the pool's device."""
+        layers, (_, heads, dim) = len(self.pool.k), self.pool.k[0].shape
+        flat = torch.frombuffer(bytearray(payload), dtype=torch.uint8).view(self.pool.dtype)
+        return flat.view(2, layers, self.block, heads, dim).to(self.pool.k[0].device)
+
+    def stats(self) -> dict[str, float | int]:
+        s = self.store.stats
+        return {
+            "disk_hit_tokens": self.hit_tokens,
+            "disk_load_s": self.load_s,
+            "disk_blocks": len(self.store),
+            "disk_bytes": self.store.bytes_used,
+            "disk_bytes_read": s.bytes_read,
+            "disk_bytes_written": s.bytes_written,
+            "disk_rejected_blocks": s.rejected,
+        }
