@@ -56,8 +56,10 @@ class Engine:
         stream: bool = False,
         rid: str | list[str] | None = None,
         return_text_in_logprobs: bool = False,
+        cache_salt: str | None = None,
     ) -> dict | list[dict] | Iterator[dict]:
-        """Generate for one prompt (a dict), a batch (a list), or stream one prompt's chunks."""
+        """Generate for one prompt (a dict), a batch (a list), or stream one prompt's chunks.
+        ``cache_salt``: share cached prefixes only with requests of the same salt."""
         obj = GenerateInput(
             prompt,
             input_ids,
@@ -68,6 +70,7 @@ class Engine:
             logprob_start_len,
             top_logprobs_num,
             return_text_in_logprobs,
+            cache_salt,
         )
         if stream:
             return self._stream(obj)

@@ -22,6 +22,7 @@ class SingleRequest:
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
     group: str | None = None  # the rid of the ``n`` request this is a sample of
+    cache_salt: str | None = None  # shares cached prefixes only with the same salt
 
 
 @dataclass
@@ -37,6 +38,7 @@ class GenerateInput:
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
+    cache_salt: str | None = None
 
     @property
     def is_batch(self) -> bool:
@@ -107,4 +109,5 @@ class GenerateInput:
             logprob_start_len=self.logprob_start_len,
             top_logprobs_num=self.top_logprobs_num,
             return_text_in_logprobs=self.return_text_in_logprobs,
+            cache_salt=self.cache_salt,
         )

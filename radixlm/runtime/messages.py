@@ -107,6 +107,7 @@ class GenerateReq(msgspec.Struct, tag=True):
     return_logprob: bool = False
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
+    cache_salt: str | None = None
 
 
 class AbortReq(msgspec.Struct, tag=True):

@@ -97,8 +97,11 @@ class Runtime:
                 sent_text, sent_ids = len(text), len(ids)
             yield chunk
 
-    async def flush_cache(self) -> bool:
-        return (await self.manager.control("flush_cache")).ok
+    async def flush_cache(self, tiers: tuple[str, ...] = ("memory",)) -> bool:
+        """Empty the radix tree (``memory``; False while requests run) and/or the disk tier."""
+        if "disk" in tiers and not (await self.manager.control("flush_disk_cache")).ok:
+            return False
+        return "memory" not in tiers or (await self.manager.control("flush_cache")).ok
 
     async def server_info(self) -> dict[str, Any]:
         stats = (await self.manager.control("stats")).data

@@ -183,6 +183,9 @@ class TokenizerManager:
             )
         if req.top_logprobs_num < 0 or req.top_logprobs_num > 20:
             raise ValueError(f"top_logprobs_num must be in [0, 20], got {req.top_logprobs_num}")
+        salt = req.cache_salt
+        if salt is not None and (not isinstance(salt, str) or not 0 < len(salt) <= 256):
+            raise ValueError("cache_salt must be a string of 1 to 256 characters")
         return GenerateReq(
             req.rid,
             list(ids),
@@ -191,6 +194,7 @@ class TokenizerManager:
             req.return_logprob,
             start,
             req.top_logprobs_num,
+            salt,
         )
 
     async def generate(self, req: SingleRequest) -> AsyncIterator[dict[str, Any]]:

@@ -22,6 +22,7 @@ from radixlm.server.errors import (
 from radixlm.server.protocol import (
     AbortRequest,
     DetokenizeRequest,
+    FlushCacheRequest,
     GenerateRequest,
     TokenizeRequest,
 )
@@ -134,11 +135,13 @@ async def get_server_info(request: Request) -> dict[str, Any]:
 
 
 @router.post("/flush_cache")
-async def flush_cache(request: Request) -> dict[str, Any]:
-    """Empty the radix cache; refused (409) while requests run."""
-    if not await server_state(request).runtime.flush_cache():
+async def flush_cache(request: Request, body: FlushCacheRequest | None = None) -> dict[str, Any]:
+    """Empty the radix cache (``{"tiers": ["memory", "disk"]}``: the disk tier too); the memory
+    tier is refused (409) while requests run."""
+    tiers = (body or FlushCacheRequest()).tiers
+    if not await server_state(request).runtime.flush_cache(tuple(tiers)):
         raise APIError(409, "cannot flush the cache while requests are running")
-    return {"success": True}
+    return {"success": True, "tiers": tiers}
 
 
 @router.post("/abort_request")

@@ -68,6 +68,7 @@ def completion_input(req: CompletionRequest) -> GenerateInput:
         top_logprobs_num=req.logprobs or 0,
         return_text_in_logprobs=True,
         rid=req.rid,
+        cache_salt=req.cache_salt,
     )
 
 
@@ -100,6 +101,7 @@ def chat_input(
         top_logprobs_num=(req.top_logprobs or 0) if req.logprobs else 0,
         return_text_in_logprobs=True,
         rid=req.rid,
+        cache_salt=req.cache_salt,
     )
 
 

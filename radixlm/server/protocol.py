@@ -25,6 +25,7 @@ class GenerateRequest(BaseModel):
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
+    cache_salt: str | None = Field(None, min_length=1, max_length=256)
 
 
 class TokenizeRequest(BaseModel):
@@ -37,6 +38,13 @@ class DetokenizeRequest(BaseModel):
     model_config = Strict
     tokens: list[int]
     skip_special_tokens: bool = False
+
+
+class FlushCacheRequest(BaseModel):
+    """Which cache tiers ``POST /flush_cache`` empties (default: the in-memory radix tree)."""
+
+    model_config = Strict
+    tiers: list[Literal["memory", "disk"]] = Field(default=["memory"], min_length=1)
 
 
 class AbortRequest(BaseModel):
@@ -78,6 +86,8 @@ class SamplingFields(BaseModel):
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     user: str | None = None
     rid: str | list[str] | None = None  # SGLang's: request ids (one per prompt), for aborts
+    # vLLM's: requests share cached prefixes only with requests of the same salt
+    cache_salt: str | None = Field(None, min_length=1, max_length=256)
     top_k: int | None = None
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)

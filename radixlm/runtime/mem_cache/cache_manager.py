@@ -36,7 +36,7 @@ class CacheManager:
         """Length of the cached prefix a request would reuse (no locking)."""
         if self.tree is None:
             return 0
-        return len(self.tree.match_prefix(req.fill_ids[: req.max_match_len]).slots)
+        return len(self.tree.match_prefix(req.cache_key(req.max_match_len)).slots)
 
     def admit(self, req: Req) -> bool:
         """Give ``req`` a request slot and its cached prefix. False when no slot is free."""
@@ -45,7 +45,7 @@ class CacheManager:
             return False
         req.slot, req.kv_len, req.tree_len, req.node = slot, 0, 0, None
         if self.tree is not None:
-            key = req.fill_ids[: req.max_match_len]
+            key = req.cache_key(req.max_match_len)
             if self.disk is not None:
                 self._restore(key)
             slots, node = self.tree.match_prefix(key)
@@ -93,7 +93,7 @@ class CacheManager:
         if self.tree is None or req.kv_len <= req.tree_len:
             return
         row = self.req_pool.table[req.slot]
-        key = req.fill_ids[: req.kv_len]
+        key = req.cache_key(req.kv_len)
         present = self.tree.insert(key, row[: req.kv_len].cpu())
         if self.disk is not None:
             self.disk.save(key, row[: req.kv_len])

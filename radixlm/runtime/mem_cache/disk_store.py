@@ -6,11 +6,12 @@ key covers the weights' identity, dtype, KV shape and block size, so one directo
 blocks of several models without mixing them.
 
 A file is a header (magic, model key, block hash, token count, payload size, blake2b of the ids
-and payload), the token ids (int32) and the payload (K and V of every layer, raw). A file whose
-header, ids or checksum disagree is never served: it is deleted and logged (once per process).
-Writes run on one background thread and land through a temporary file and a rename, so a crash
-never leaves half a block; the directory is trimmed to its byte budget in LRU order (a read
-refreshes a block; after a restart the file times give the order).
+and payload), the tree key's ids (int64: salted keys exceed 32 bits) and the payload (K and V of
+every layer, raw). A file whose header, ids or checksum disagree is never served: it is deleted
+and logged (once per process). Writes run on one background thread and land through a
+temporary file and a rename, so a crash never leaves half a block; the directory is trimmed to
+its byte budget in LRU order (a read refreshes a block; after a restart the file times give
+the order).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ SUFFIX = ".kv"
 def block_hashes(ids: list[int], block: int) -> list[int]:
     """One hash per whole block of ``ids``, each chained to the one before it."""
     out, prev = [], b"\0" * 8
-    arr = np.asarray(ids, dtype=np.int32)
+    arr = np.asarray(ids, dtype=np.int64)
     for start in range(0, len(ids) - block + 1, block):
         prev = hashlib.blake2b(prev + arr[start : start + block].tobytes(), digest_size=8).digest()
         out.append(int.from_bytes(prev, "little", signed=True))
@@ -110,7 +111,7 @@ class DiskStore:
             os.utime(path)
         except OSError:
             return self._reject(h, "unreadable")
-        payload = self._check(data, h, np.asarray(ids, dtype=np.int32).tobytes())
+        payload = self._check(data, h, np.asarray(ids, dtype=np.int64).tobytes())
         if payload is None:
             return self._reject(h, "corrupt, truncated or foreign")
         self.stats.blocks_read += 1
@@ -123,11 +124,11 @@ class DiskStore:
             return None
         magic, key, got_h, n, size, checksum = HEADER.unpack_from(data)
         body = data[HEADER.size :]
-        if (magic, key, got_h, n * 4 + size) != (MAGIC, self.key, h, len(body)):
+        if (magic, key, got_h, n * 8 + size) != (MAGIC, self.key, h, len(body)):
             return None
-        if body[: n * 4] != ids or _checksum(ids, body[n * 4 :]) != checksum:
+        if body[: n * 8] != ids or _checksum(ids, body[n * 8 :]) != checksum:
             return None
-        return body[n * 4 :]
+        return body[n * 8 :]
 
     def _reject(self, h: int, why: str) -> None:
         self.stats.rejected += 1
@@ -150,7 +151,7 @@ class DiskStore:
             if h in self._index or h in self._pending:
                 return
             self._pending.add(h)
-        self._queue.put((h, np.asarray(ids, dtype=np.int32).tobytes(), payload))
+        self._queue.put((h, np.asarray(ids, dtype=np.int64).tobytes(), payload))
 
     def _write_loop(self) -> None:
         while True:
@@ -167,7 +168,7 @@ class DiskStore:
                 self._queue.task_done()
 
     def _write(self, h: int, ids: bytes, payload: bytes) -> None:
-        header = HEADER.pack(MAGIC, self.key, h, len(ids) // 4, len(payload),
+        header = HEADER.pack(MAGIC, self.key, h, len(ids) // 8, len(payload),
                              _checksum(ids, payload))  # fmt: skip
         path = self._path(h)
         tmp = f"{path}.{threading.get_ident()}.tmp"

@@ -84,7 +84,7 @@ def plan_prefills(
         left = _add_chunk(req, left, budget, cache, plan)
         if left < 0:
             return
-        key = req.fill_ids
+        key = req.cache_key(req.seq_len)
         batch_tree.insert(key, torch.zeros(len(key), dtype=torch.int64))
 
 
@@ -102,5 +102,5 @@ def _shares_new_prefix(req: Req, cache: CacheManager, batch_tree: RadixCache) ->
     if cache.tree is None or batch_tree.total_size() == 0:
         return False
     cached = cache.match_len(req)
-    in_batch = len(batch_tree.match_prefix(req.fill_ids[: req.max_match_len]).slots)
+    in_batch = len(batch_tree.match_prefix(req.cache_key(req.max_match_len)).slots)
     return in_batch - cached >= IN_BATCH_PREFIX_THRESHOLD

@@ -64,7 +64,7 @@ def dfs_weight(queue: list[Req], cache: CacheManager) -> list[Req]:
     by_node: dict[int, list[Req]] = {}
     nodes = {}
     for r in queue:
-        node = cache.tree.match_prefix(r.fill_ids[: r.max_match_len]).node
+        node = cache.tree.match_prefix(r.cache_key(r.max_match_len)).node
         by_node.setdefault(id(node), []).append(r)
         nodes[id(node)] = node
     weight: dict[int, int] = {}

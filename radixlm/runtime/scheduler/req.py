@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,15 @@ class LogprobState:
     prompt_sent: bool = False
     output: list[float] = field(default_factory=list)
     output_top: list[list[tuple[float, int]]] = field(default_factory=list)
+
+
+def salt_offset(cache_salt: str | None) -> int:
+    """What a ``cache_salt`` adds to every token id of a tree key: a multiple of 2**32 (token
+    ids are below it), distinct per salt up to a 48-bit hash."""
+    if cache_salt is None:
+        return 0
+    h = hashlib.blake2b(cache_salt.encode("utf-8", "surrogatepass"), digest_size=6).digest()
+    return (int.from_bytes(h, "little") + 1) << 32
 
 
 @dataclass(eq=False)
@@ -47,10 +57,17 @@ class Req:
     created: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
     retractions: int = 0
+    salt: int = 0  # see salt_offset: 0 for requests without a cache_salt
 
     @property
     def fill_ids(self) -> list[int]:
         return self.input_ids + self.output_ids
+
+    def cache_key(self, n: int) -> list[int]:
+        """The radix-tree key of ``fill_ids[:n]``: the ids themselves, or shifted past every
+        token id by the salt, so that requests of different salts never share a prefix."""
+        ids = self.tokens(0, n)
+        return [t + self.salt for t in ids] if self.salt else ids
 
     def tokens(self, start: int, end: int) -> list[int]:
         """``fill_ids[start:end]`` without building ``fill_ids`` (a decode step reads one token)."""

@@ -32,7 +32,7 @@ from radixlm.runtime.scheduler.batch_builder import LogitRows, build_batch
 from radixlm.runtime.scheduler.grammar_queue import GrammarQueue
 from radixlm.runtime.scheduler.output import StopChecker, record_prompt_logprobs, token_out
 from radixlm.runtime.scheduler.policy import get_policy
-from radixlm.runtime.scheduler.req import LogprobState, Req
+from radixlm.runtime.scheduler.req import LogprobState, Req, salt_offset
 from radixlm.runtime.scheduler.stats import SchedulerStats
 
 logger = logging.getLogger(__name__)
@@ -74,7 +74,8 @@ class Scheduler:
 
     def add_request(self, msg: GenerateReq) -> None:
         # NOTE: the tokenizer manager validated the parameters; nothing is parsed again here
-        req = Req(msg.rid, list(msg.input_ids), msg.sampling, stream=msg.stream)
+        req = Req(msg.rid, list(msg.input_ids), msg.sampling, stream=msg.stream,
+                  salt=salt_offset(msg.cache_salt))  # fmt: skip
         if msg.return_logprob:
             req.logprob = LogprobState(msg.logprob_start_len, msg.top_logprobs_num)
         if not req.input_ids or len(req.input_ids) >= self.runner.context_len:
