@@ -30,6 +30,18 @@ COUNTERS = {
     "num_preemptions_total": ("retractions", "Requests retracted to free KV memory."),
 }
 
+DISK = {  # --kv-disk-cache only
+    "kv_disk_hits_total": ("disk_hit_tokens", CounterMetricFamily, "Prompt tokens from disk."),
+    "kv_disk_read_bytes_total": ("disk_bytes_read", CounterMetricFamily, "Bytes of KV read."),
+    "kv_disk_written_bytes_total": (
+        "disk_bytes_written", CounterMetricFamily, "Bytes of KV written.",
+    ),
+    "kv_disk_load_seconds_total": (
+        "disk_load_s", CounterMetricFamily, "Time spent loading KV from disk.",
+    ),
+    "kv_disk_usage_bytes": ("disk_bytes", GaugeMetricFamily, "Bytes the disk tier holds."),
+}
+
 
 class _StatsCollector:
     """Exposes the latest scheduler stats snapshot as gauges and counters."""
@@ -44,6 +56,9 @@ class _StatsCollector:
             yield self._family(GaugeMetricFamily, name, doc, labels, self.stats.get(key, 0))
         for name, (key, doc) in COUNTERS.items():
             yield self._family(CounterMetricFamily, name, doc, labels, self.stats.get(key, 0))
+        if "disk_blocks" in self.stats:
+            for name, (key, kind, doc) in DISK.items():
+                yield self._family(kind, name, doc, labels, self.stats[key])
         success = CounterMetricFamily(
             PREFIX + "request_success_total", "Finished requests by finish reason.",
             labels=["model_name", "finished_reason"],

@@ -60,6 +60,7 @@ def test_a_restarted_server_serves_a_known_prefix_from_disk(tiny_llama, tmp_path
         with server.client() as client:
             again = client.post("/generate", json=body).json()
             stats = client.get("/get_server_info").json()["stats"]
+            metrics = client.get("/metrics").text
             assert client.post("/flush_cache", json={"tiers": ["disk"]}).json()["success"]
             assert client.get("/get_server_info").json()["stats"]["disk_blocks"] == 0
     finally:
@@ -68,3 +69,5 @@ def test_a_restarted_server_serves_a_known_prefix_from_disk(tiny_llama, tmp_path
     assert again["text"] == first["text"]
     assert meta["cached_tokens"] >= 0.9 * meta["prompt_tokens"]
     assert stats["disk_hit_tokens"] == meta["cached_tokens"]
+    assert f'radixlm:kv_disk_hits_total{{model_name="{tiny_llama}"}} {meta["cached_tokens"]}.0' \
+        in metrics
