@@ -80,8 +80,8 @@ class RadixlmReplica:
     def abort(self, target: Target, rid: str) -> list[str]:
         return self.runtime.manager.abort(rid)
 
-    async def control(self, target: Target, kind: str, timeout: float):
-        out = await self.runtime.manager.control(kind, timeout)
+    async def control(self, target: Target, kind: str, timeout: float, data: dict | None = None):
+        out = await self.runtime.manager.control(kind, timeout, data)
         return self.replica_id, out
 
     def info(self, target: Target) -> dict:

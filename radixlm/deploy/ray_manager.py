@@ -142,7 +142,9 @@ class RayManager:
                 call.stream.cancel()
         return [c.req.rid for c in hits]
 
-    async def control(self, kind: str, timeout: float = 30.0) -> ControlOut:
+    async def control(
+        self, kind: str, timeout: float = 30.0, data: dict[str, Any] | None = None
+    ) -> ControlOut:
         """Ask every replica (one call each, then one more that finds no new replica); stats
         are summed, with each replica's own under ``replicas``."""
         answers: dict[str, ControlOut] = {}
@@ -152,7 +154,7 @@ class RayManager:
             left = max(0.1, deadline - time.monotonic())
             try:
                 replica, out = await asyncio.wait_for(
-                    self.handle.control.remote(target, kind, left), left
+                    self.handle.control.remote(target, kind, left, data), left
                 )
             except asyncio.TimeoutError:
                 raise SchedulerTimeoutError(

@@ -133,6 +133,9 @@ class ServerArgs:
     host: str = "127.0.0.1"
     port: int = 30000
     api_key: str | None = None
+    # A file of API keys, one per line: "KEY TENANT" (TENANT defaults to the line number). Each
+    # tenant's requests are salted with its name (cache_salt), so tenants never share KV.
+    api_keys_file: str | None = None
     max_request_bytes: int = 8 * 1024 * 1024  # larger bodies get 413 before they are parsed
     served_model_name: str | None = None
     chat_template: str | None = None

@@ -115,10 +115,13 @@ class AbortReq(msgspec.Struct, tag=True):
 
 
 class ControlReq(msgspec.Struct, tag=True):
-    """flush_cache | stats | ping: answered by a ControlOut with the same ``cid``."""
+    """flush_cache | flush_disk_cache | pin_prefix | stats | ping: answered by a ControlOut
+    with the same ``cid``. ``data``: the arguments of ``pin_prefix`` (``input_ids``,
+    ``cache_salt``)."""
 
     cid: str
     kind: str
+    data: dict[str, Any] | None = None
 
 
 class TokenOut(msgspec.Struct, tag=True):

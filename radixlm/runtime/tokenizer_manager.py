@@ -242,13 +242,15 @@ class TokenizerManager:
             ipc.send(self.to_scheduler, AbortReq(state.key))
         return [s.req.rid for s in hits]
 
-    async def control(self, kind: str, timeout: float = 30.0) -> ControlOut:
+    async def control(
+        self, kind: str, timeout: float = 30.0, data: dict[str, Any] | None = None
+    ) -> ControlOut:
         if self.dead:
             raise EngineDeadError(self.dead)
         cid = uuid.uuid4().hex
         fut = asyncio.get_running_loop().create_future()
         self.controls[cid] = fut
-        ipc.send(self.to_scheduler, ControlReq(cid, kind))
+        ipc.send(self.to_scheduler, ControlReq(cid, kind, data))
         try:
             return await asyncio.wait_for(fut, timeout)
         except asyncio.TimeoutError:

@@ -65,9 +65,31 @@ def create_app(
     app.include_router(openai_api.router)
     app.add_middleware(JSONBodyMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_bytes=args.max_request_bytes)
-    if args.api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=args.api_key)
+    keys = api_keys(args)
+    if keys:
+        app.add_middleware(APIKeyMiddleware, keys=keys)
     return app
+
+
+def api_keys(args: ServerArgs) -> dict[str, str | None]:
+    """Accepted API keys -> their tenant (None for ``--api-key``); ValueError for a bad
+    ``--api-keys-file``."""
+    keys: dict[str, str | None] = {args.api_key: None} if args.api_key else {}
+    if args.api_keys_file is None:
+        return keys
+    try:
+        with open(args.api_keys_file) as f:
+            lines = [line.split() for line in f]
+    except OSError as e:
+        raise ValueError(f"api_keys_file {args.api_keys_file!r}: {e.strerror}") from None
+    for number, parts in enumerate(lines, 1):
+        if len(parts) > 2:
+            raise ValueError(f"api_keys_file line {number}: expected 'KEY [TENANT]'")
+        if parts:
+            keys[parts[0]] = parts[1] if len(parts) == 2 else f"tenant-{number}"
+    if len(keys) == (1 if args.api_key else 0):
+        raise ValueError(f"api_keys_file {args.api_keys_file!r} holds no key")
+    return keys
 
 
 def abort_in_flight(app: FastAPI) -> int:
@@ -96,22 +118,26 @@ async def _watch_engine(runtime: Runtime, on_fatal: Callable[[str], None] | None
 
 
 class APIKeyMiddleware:
-    """Require ``Authorization: Bearer <key>`` on every route but the health checks."""
+    """Require ``Authorization: Bearer <key>`` on every route but the health checks; a key's
+    tenant (``--api-keys-file``) goes to ``request.state.tenant``."""
 
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
+    def __init__(self, app: ASGIApp, keys: dict[str, str | None]) -> None:
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.keys = [(f"Bearer {key}".encode(), tenant) for key, tenant in keys.items()]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or self._authorized(scope):
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        response = error_response(401, "missing or invalid API key", code="invalid_api_key")
-        await response(scope, receive, send)
-
-    def _authorized(self, scope: Scope) -> bool:
         given = dict(scope["headers"]).get(b"authorization", b"")
-        return hmac.compare_digest(given, self.expected)
+        # NOTE: every key is compared (in constant time), so the time does not tell which
+        matches = [tenant for key, tenant in self.keys if hmac.compare_digest(given, key)]
+        if not matches:
+            response = error_response(401, "missing or invalid API key", code="invalid_api_key")
+            await response(scope, receive, send)
+            return
+        scope.setdefault("state", {})["tenant"] = matches[0]
+        await self.app(scope, receive, send)
 
 
 class JSONBodyMiddleware:

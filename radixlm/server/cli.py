@@ -27,7 +27,7 @@ from radixlm.runtime.config import (
 from radixlm.runtime.function_call import TOOL_PARSERS
 from radixlm.runtime.launcher import launch
 from radixlm.runtime.reasoning import REASONING_PARSERS
-from radixlm.server.app import abort_in_flight, create_app
+from radixlm.server.app import abort_in_flight, api_keys, create_app
 from radixlm.server.openai_format import load_chat_template
 
 logger = logging.getLogger(__name__)
@@ -39,6 +39,8 @@ HELP = {
     "max_total_tokens": "KV cache size in tokens (default: from --mem-fraction-static)",
     "max_queued_requests": "requests allowed to wait beyond --max-running-requests (then 503)",
     "api_key": "require 'Authorization: Bearer KEY' on every route but /health*",
+    "api_keys_file": "API keys, one per line: 'KEY [TENANT]'; each tenant's requests get their "
+    "own cache_salt, so tenants never share cached KV",
     "served_model_name": "the model name clients use (default: the model path)",
     "chat_template": "Jinja chat template, or a file holding one (default: the model's)",
     "skip_tokenizer_init": "load no tokenizer: prompts must be token ids, outputs are token ids",
@@ -163,6 +165,7 @@ def serve(args: ServerArgs) -> int:
     started = time.perf_counter()
     try:
         load_chat_template(args.chat_template)
+        api_keys(args)
         check_port_free(args.host, args.port)
         backend = launch(args)
     except (ValueError, OSError, RuntimeError) as e:  # NOTE: OSError covers a missing model

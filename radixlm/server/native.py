@@ -21,12 +21,13 @@ from radixlm.server.errors import (
 )
 from radixlm.server.protocol import (
     AbortRequest,
+    CacheSaveRequest,
     DetokenizeRequest,
     FlushCacheRequest,
     GenerateRequest,
     TokenizeRequest,
 )
-from radixlm.server.state import ServerState, server_state
+from radixlm.server.state import ServerState, server_state, tenant_salt
 from radixlm.server.streams import (
     DONE_FRAME,
     collect,
@@ -47,6 +48,7 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
     (and ``index`` when there are several prompts or samples), ending with ``data: [DONE]``."""
     state = server_state(request)
     obj = GenerateInput(**body.model_dump())
+    obj.cache_salt = tenant_salt(request, obj.cache_salt)
     reqs = obj.split()
     if obj.stream:
         return await sse_response(request, _frames(state, reqs))
@@ -142,6 +144,33 @@ async def flush_cache(request: Request, body: FlushCacheRequest | None = None) -
     if not await server_state(request).runtime.flush_cache(tuple(tiers)):
         raise APIError(409, "cannot flush the cache while requests are running")
     return {"success": True, "tiers": tiers}
+
+
+@router.post("/cache/save")
+async def cache_save(body: CacheSaveRequest, request: Request) -> dict[str, Any]:
+    """Compute a prefix and pin its blocks in the disk tier: the LRU budget never removes them
+    (a disk flush does); returns how many of its tokens are pinned (whole blocks)."""
+    state = server_state(request)
+    if state.args.kv_disk_cache is None:
+        raise APIError(400, "POST /cache/save needs the disk tier: start the server with "
+                       "--kv-disk-cache DIR", param="kv_disk_cache")  # fmt: skip
+    salt = tenant_salt(request, body.cache_salt)
+    obj = GenerateInput(body.text, body.input_ids, {"max_new_tokens": 0}, cache_salt=salt)
+    (req,) = obj.split()
+    if req.text is not None:
+        check_text("text", req.text)
+    result = await state.runtime.manager.generate_one(req)
+    ids = req.input_ids if req.input_ids is not None else state.tokenizer.encode(req.text)
+    out = await state.runtime.manager.control(
+        "pin_prefix", data={"input_ids": ids, "cache_salt": salt}
+    )
+    if not out.ok:
+        raise APIError(400, out.data["message"], param="kv_disk_cache")
+    return {
+        "success": True,
+        "prompt_tokens": result["meta_info"]["prompt_tokens"],
+        "pinned_tokens": out.data["pinned_tokens"],
+    }
 
 
 @router.post("/abort_request")

@@ -19,7 +19,7 @@ from radixlm.server.chat_prompt import template_text
 from radixlm.server.chat_tools import ChatPlan, plan_chat
 from radixlm.server.errors import ERROR_RESPONSES, STREAM_RESPONSE, APIError
 from radixlm.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
-from radixlm.server.state import ServerState, server_state
+from radixlm.server.state import ServerState, server_state, tenant_salt
 from radixlm.server.streams import (
     DONE_FRAME,
     collect,
@@ -152,6 +152,7 @@ def _start(
             "prompt is unavailable on /v1/completions: the server runs with "
             "--skip-tokenizer-init; POST input_ids to /generate, which returns output_ids"
         )
+    obj.cache_salt = tenant_salt(request, obj.cache_salt)
     return _Call(state, body, obj.split(), kind, plan or ChatPlan())
 
 

@@ -47,6 +47,15 @@ class FlushCacheRequest(BaseModel):
     tiers: list[Literal["memory", "disk"]] = Field(default=["memory"], min_length=1)
 
 
+class CacheSaveRequest(BaseModel):
+    """``POST /cache/save``: compute a prefix (text or ids) and pin it in the disk tier."""
+
+    model_config = Strict
+    text: str | None = None
+    input_ids: list[int] | None = None
+    cache_salt: str | None = Field(None, min_length=1, max_length=256)
+
+
 class AbortRequest(BaseModel):
     """Abort one request by ``rid`` (its samples too), or every request in flight."""
 

@@ -54,6 +54,15 @@ def served_name(args: ServerArgs, model_path: str) -> str:
     return os.path.basename(model_path).removesuffix(".gguf")
 
 
+def tenant_salt(request: Request, salt: str | None) -> str | None:
+    """The ``cache_salt`` a request runs with: its own, inside its API key's tenant (so one
+    tenant cannot name another's salt)."""
+    tenant = getattr(request.state, "tenant", None)
+    if tenant is None:
+        return salt
+    return f"{tenant}\x1f{salt}" if salt is not None else tenant
+
+
 def server_state(request: Request) -> ServerState:
     """The started server's state, or 503 while it is still starting."""
     state = getattr(request.app.state, "server", None)

@@ -38,11 +38,13 @@ def test_cache_salt_separates_tenants_on_the_openai_routes(tiny_client):
     ("/generate", {"text": "x", "cache_salt": "s" * 257}),
     ("/flush_cache", {"tiers": ["memory", "tape"]}),
     ("/flush_cache", {"tiers": []}),
+    ("/cache/save", {"text": "x"}),  # NOTE: this server has no disk tier
 ])  # fmt: skip
 def test_bad_cache_fields_are_400_naming_the_field(tiny_client, route, body):
     r = tiny_client.post(route, json=body)
     assert r.status_code == 400, r.text
-    assert ("cache_salt" if "cache_salt" in body else "tiers") in r.text
+    field = "cache_salt" if "cache_salt" in body else "tiers" if "tiers" in body else "kv_disk"
+    assert field in r.text
 
 
 def test_a_restarted_server_serves_a_known_prefix_from_disk(tiny_llama, tmp_path):
@@ -61,6 +63,8 @@ def test_a_restarted_server_serves_a_known_prefix_from_disk(tiny_llama, tmp_path
             again = client.post("/generate", json=body).json()
             stats = client.get("/get_server_info").json()["stats"]
             metrics = client.get("/metrics").text
+            saved = client.post("/cache/save", json={"text": PROMPT + " saved"}).json()
+            assert saved["pinned_tokens"] >= saved["prompt_tokens"] - 16, saved
             assert client.post("/flush_cache", json={"tiers": ["disk"]}).json()["success"]
             assert client.get("/get_server_info").json()["stats"]["disk_blocks"] == 0
     finally:
@@ -71,3 +75,43 @@ def test_a_restarted_server_serves_a_known_prefix_from_disk(tiny_llama, tmp_path
     assert stats["disk_hit_tokens"] == meta["cached_tokens"]
     assert f'radixlm:kv_disk_hits_total{{model_name="{tiny_llama}"}} {meta["cached_tokens"]}.0' \
         in metrics
+
+
+def test_each_api_key_tenant_gets_its_own_cache(tiny_llama, tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text("key-a acme\nkey-b globex\n\nkey-c\n")
+    server = launch_server(tiny_llama, "--api-keys-file", str(keys))
+    body = {"text": PROMPT, "sampling_params": {"max_new_tokens": 1}}
+
+    def cached(key: str, **extra) -> int:
+        r = client.post("/generate", json={**body, **extra},
+                        headers={"Authorization": f"Bearer {key}"})  # fmt: skip
+        assert r.status_code == 200, r.text
+        return r.json()["meta_info"]["cached_tokens"]
+
+    try:
+        with server.client() as client:
+            assert cached("key-a") == 0 and cached("key-a") > 0
+            assert cached("key-b") == 0  # NOTE: another tenant, same prompt
+            assert cached("key-c") == 0 and cached("key-c") > 0  # tenant-4
+            assert cached("key-b", cache_salt="acme") == 0  # cannot name another tenant's salt
+            r = client.post("/generate", json=body, headers={"Authorization": "Bearer nope"})
+            assert r.status_code == 401
+    finally:
+        server.stop()
+
+
+def test_a_bad_api_keys_file_stops_the_server_before_loading(tmp_path):
+    import subprocess
+    import sys
+
+    bad = tmp_path / "keys"
+    bad.write_text("key tenant extra\n")
+    for path, message in [(bad, "line 1: expected 'KEY [TENANT]'"),
+                          (tmp_path / "missing", "No such file")]:  # fmt: skip
+        run = subprocess.run(
+            [sys.executable, "-m", "radixlm.server", "--api-keys-file", str(path),
+             "--port", "0"], capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert run.returncode == 1 and "radixlm serve: error: api_keys_file" in run.stderr
+        assert message in run.stderr

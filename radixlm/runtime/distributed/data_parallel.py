@@ -140,8 +140,10 @@ class DataParallelManager:
     def abort(self, rid: str) -> list[str]:
         return [r for manager in self.managers for r in manager.abort(rid)]
 
-    async def control(self, kind: str, timeout: float = 30.0) -> ControlOut:
-        outs = await asyncio.gather(*(m.control(kind, timeout) for m in self.managers))
+    async def control(
+        self, kind: str, timeout: float = 30.0, data: dict[str, Any] | None = None
+    ) -> ControlOut:
+        outs = await asyncio.gather(*(m.control(kind, timeout, data) for m in self.managers))
         ok = all(out.ok for out in outs)
         if kind == "stats":
             data = self._merged_stats([out.data for out in outs])

@@ -5,7 +5,7 @@ names the whole prefix up to the block's end. The directory is ``root/<model key
 key covers the weights' identity, dtype, KV shape and block size, so one directory may hold the
 blocks of several models without mixing them.
 
-A file is a header (magic, model key, block hash, token count, payload size, blake2b of the ids
+A file is a header (magic, model key, block hash, token count, payload size, CRC-32 of the ids
 and payload), the tree key's ids (int64: salted keys exceed 32 bits) and the payload (K and V of
 every layer, raw). A file whose header, ids or checksum disagree is never served: it is deleted
 and logged (once per process). Writes run on one background thread and land through a
@@ -23,6 +23,7 @@ import queue
 import struct
 import threading
 import time
+import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -30,8 +31,9 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
-MAGIC = b"RLMKV001"
-HEADER = struct.Struct("<8s16sqiq16s")  # magic, model key, hash, tokens, payload bytes, checksum
+MAGIC = b"RLMKV002"
+PINS = "pinned"  # hex hashes, one per line: blocks the budget never removes
+HEADER = struct.Struct("<8s16sqiqI")  # magic, model key, hash, tokens, payload bytes, crc32
 SUFFIX = ".kv"
 
 
@@ -49,8 +51,10 @@ def model_key(*parts: object) -> bytes:
     return hashlib.blake2b(repr(parts).encode(), digest_size=16).digest()
 
 
-def _checksum(ids: bytes, payload: bytes) -> bytes:
-    return hashlib.blake2b(ids + payload, digest_size=16).digest()
+def _checksum(ids: bytes, payload) -> int:
+    """CRC-32 of the ids and the payload: it catches flipped and missing bytes (the ids
+    themselves are compared in full), at several GB/s."""
+    return zlib.crc32(payload, zlib.crc32(ids))
 
 
 @dataclass
@@ -74,6 +78,7 @@ class DiskStore:
         self.stats = DiskStats()
         self._lock = threading.Lock()
         self._index: OrderedDict[int, int] = self._scan()  # hash -> file bytes, LRU first
+        self._pinned: set[int] = self._read_pins()
         self._pending: set[int] = set()
         self._queue: queue.Queue = queue.Queue()
         self._warned = False
@@ -97,8 +102,9 @@ class DiskStore:
 
     # -- reading -------------------------------------------------------------------------------
 
-    def get(self, h: int, ids: list[int]) -> bytes | None:
-        """The payload of block ``h`` if its file holds exactly ``ids``; else None."""
+    def get(self, h: int, ids: list[int]) -> memoryview | None:
+        """The payload of block ``h`` if its file holds exactly ``ids`` (a writable view, read
+        without copies); else None."""
         with self._lock:
             if h not in self._index:
                 return None
@@ -107,7 +113,8 @@ class DiskStore:
         path = self._path(h)
         try:
             with open(path, "rb") as f:
-                data = f.read()
+                data = bytearray(os.fstat(f.fileno()).st_size)
+                f.readinto(data)
             os.utime(path)
         except OSError:
             return self._reject(h, "unreadable")
@@ -119,16 +126,17 @@ class DiskStore:
         self.stats.read_s += time.perf_counter() - start
         return payload
 
-    def _check(self, data: bytes, h: int, ids: bytes) -> bytes | None:
+    def _check(self, data: bytearray, h: int, ids: bytes) -> memoryview | None:
         if len(data) < HEADER.size:
             return None
         magic, key, got_h, n, size, checksum = HEADER.unpack_from(data)
-        body = data[HEADER.size :]
+        body = memoryview(data)[HEADER.size :]
         if (magic, key, got_h, n * 8 + size) != (MAGIC, self.key, h, len(body)):
             return None
-        if body[: n * 8] != ids or _checksum(ids, body[n * 8 :]) != checksum:
+        payload = body[n * 8 :]
+        if body[: n * 8] != ids or _checksum(ids, payload) != checksum:
             return None
-        return body[n * 8 :]
+        return payload
 
     def _reject(self, h: int, why: str) -> None:
         self.stats.rejected += 1
@@ -184,15 +192,41 @@ class DiskStore:
         self._trim()
 
     def _trim(self) -> None:
-        while True:
-            with self._lock:
-                if sum(self._index.values()) <= self.budget or not self._index:
-                    return
-                h, _ = self._index.popitem(last=False)
+        with self._lock:
+            excess = sum(self._index.values()) - self.budget
+            victims = []
+            for h, size in self._index.items():  # NOTE: least recently used first
+                if excess <= 0:
+                    break
+                if h not in self._pinned:
+                    victims.append(h)
+                    excess -= size
+            for h in victims:
+                del self._index[h]
+        for h in victims:
             try:
                 os.unlink(self._path(h))
             except OSError:
                 pass
+
+    # -- pins ------------------------------------------------------------------------------------
+
+    def pin(self, hashes: list[int]) -> None:
+        """Exempt stored blocks from the budget, across restarts, until ``clear``."""
+        with self._lock:
+            self._pinned.update(h for h in hashes if h in self._index)
+            pins = sorted(self._pinned)
+        tmp = os.path.join(self.dir, f"{PINS}.tmp")
+        with open(tmp, "w") as f:
+            f.writelines(f"{h & 0xFFFFFFFFFFFFFFFF:016x}\n" for h in pins)
+        os.replace(tmp, os.path.join(self.dir, PINS))
+
+    def _read_pins(self) -> set[int]:
+        try:
+            with open(os.path.join(self.dir, PINS)) as f:
+                return {_signed(int(line, 16)) for line in f if line.strip()}
+        except (OSError, ValueError):
+            return set()
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -204,10 +238,10 @@ class DiskStore:
         """Delete every block of this model."""
         self.flush()
         with self._lock:
-            hashes, self._index = list(self._index), OrderedDict()
-        for h in hashes:
+            hashes, self._index, self._pinned = list(self._index), OrderedDict(), set()
+        for path in [*map(self._path, hashes), os.path.join(self.dir, PINS)]:
             try:
-                os.unlink(self._path(h))
+                os.unlink(path)
             except OSError:
                 pass
 
@@ -226,6 +260,11 @@ class DiskStore:
                 os.unlink(entry.path)  # NOTE: a write the last process did not finish
             elif entry.name.endswith(SUFFIX):
                 stat = entry.stat()
-                h = int(entry.name.removesuffix(SUFFIX), 16)
-                found.append((stat.st_mtime, h - (1 << 64) if h >= 1 << 63 else h, stat.st_size))
+                h = _signed(int(entry.name.removesuffix(SUFFIX), 16))
+                found.append((stat.st_mtime, h, stat.st_size))
         return OrderedDict((h, size) for _, h, size in sorted(found))
+
+
+def _signed(h: int) -> int:
+    """A file name's 64-bit hash as the signed value ``block_hashes`` gives."""
+    return h - (1 << 64) if h >= 1 << 63 else h

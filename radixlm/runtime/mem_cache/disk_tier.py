@@ -65,6 +65,15 @@ class DiskTier:
             payload = kv[:, :, j * b : (j + 1) * b].contiguous()
             self.store.put(h, ids[i * b : (i + 1) * b], payload.view(torch.uint8).numpy().tobytes())
 
+    def pin(self, key: list[int]) -> int:
+        """Keep the stored blocks of ``key`` out of the LRU budget (until a flush); returns
+        the tokens they cover (the leading run of whole blocks that are stored)."""
+        self.store.flush()
+        hashes = block_hashes(key, self.block)
+        stored = next((i for i, h in enumerate(hashes) if h not in self.store), len(hashes))
+        self.store.pin(hashes[:stored])
+        return stored * self.block
+
     def restore(self, ids: list[int], matched: int, alloc) -> Restored | None:
         """Load the stored blocks of ``ids`` that follow its first ``matched`` tokens into
         slots from ``alloc(n)``; None when the disk has none (or no slots are free)."""
@@ -99,10 +108,10 @@ class DiskTier:
         v = torch.stack([layer[slots] for layer in self.pool.v])
         return torch.stack([k, v]).cpu()
 
-    def _tensor(self, payload: bytes) -> torch.Tensor:
+    def _tensor(self, payload: memoryview) -> torch.Tensor:
         """``[2, layers, block, kv_heads, head_dim]`` on the pool's device."""
         layers, (_, heads, dim) = len(self.pool.k), self.pool.k[0].shape
-        flat = torch.frombuffer(bytearray(payload), dtype=torch.uint8).view(self.pool.dtype)
+        flat = torch.frombuffer(payload, dtype=torch.uint8).view(self.pool.dtype)
         return flat.view(2, layers, self.block, heads, dim).to(self.pool.k[0].device)
 
     def stats(self) -> dict[str, float | int]:

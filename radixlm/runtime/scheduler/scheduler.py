@@ -115,6 +115,13 @@ class Scheduler:
             if self.cache.disk is not None:
                 self.cache.disk.store.clear()
             return ControlOut(msg.cid, True, {})
+        if msg.kind == "pin_prefix":
+            if self.cache.disk is None:
+                return ControlOut(msg.cid, False, {"message": "pinning needs --kv-disk-cache"})
+            data = msg.data or {}
+            salt = salt_offset(data.get("cache_salt"))
+            key = [t + salt for t in data.get("input_ids", [])]
+            return ControlOut(msg.cid, True, {"pinned_tokens": self.cache.disk.pin(key)})
         if msg.kind == "stats":
             return ControlOut(msg.cid, True, self.stats_dict())
         if msg.kind == "ping":  # NOTE: the watchdog's; answered between steps, costs nothing

@@ -72,7 +72,7 @@ def test_damaged_files_are_skipped_and_deleted(tmp_path, damage, caplog):
 
 
 def test_the_byte_budget_evicts_least_recently_used(tmp_path):
-    store = DiskStore(str(tmp_path), model_key("m"), budget=3300)  # NOTE: 3 files of 1088 bytes
+    store = DiskStore(str(tmp_path), model_key("m"), budget=3300)  # NOTE: 3 files of 1076 bytes
     ids = [[i] * BLOCK for i in range(4)]
     hashes = [block_hashes(x, BLOCK)[0] for x in ids]
     for x, h in zip(ids[:3], hashes[:3]):
@@ -84,6 +84,26 @@ def test_the_byte_budget_evicts_least_recently_used(tmp_path):
     assert store.bytes_used <= 3300 and len(store) == 3
     assert hashes[1] not in store and all(hashes[i] in store for i in (0, 2, 3))
     assert len(os.listdir(store.dir)) == len(store)
+
+
+def test_pinned_blocks_outlive_the_budget_and_a_restart_until_a_flush(tmp_path):
+    ids = [[i] * BLOCK for i in range(4)]
+    hashes = [block_hashes(x, BLOCK)[0] for x in ids]
+    store = DiskStore(str(tmp_path), model_key("m"), budget=2200)  # NOTE: 2 files of 1076 bytes
+    store.put(hashes[0], ids[0], b"x" * 900)
+    store.flush()
+    store.pin([hashes[0]])
+    for x, h in zip(ids[1:], hashes[1:]):
+        store.put(h, x, b"x" * 900)
+        store.flush()
+    assert hashes[0] in store and hashes[3] in store and hashes[1] not in store
+    store.close()
+    again = DiskStore(str(tmp_path), model_key("m"), budget=1100)
+    again.put(block_hashes([7] * BLOCK, BLOCK)[0], [7] * BLOCK, b"x" * 900)
+    again.flush()
+    assert hashes[0] in again  # still pinned after the restart
+    again.clear()
+    assert len(again) == 0 and os.listdir(again.dir) == []
 
 
 # -- the engine ----------------------------------------------------------------------------
