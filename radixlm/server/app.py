@@ -15,7 +15,7 @@ from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.launcher import Backend, launch
 from radixlm.runtime.loader.gguf_loader import release_gguf
 from radixlm.runtime.runtime import Runtime
-from radixlm.server import native, openai_api
+from radixlm.server import native, openai_api, web
 from radixlm.server.body_limit import BodyLimitMiddleware
 from radixlm.server.errors import error_response, install_handlers
 from radixlm.server.metrics import ServerMetrics
@@ -25,7 +25,9 @@ from radixlm.server.streams import ClientDisconnected
 
 logger = logging.getLogger(__name__)
 
-OPEN_PATHS = frozenset({"/health", "/health_generate", "/ready"})  # NOTE: probes carry no key
+# NOTE: probes carry no key; the page's files neither (the page asks for the key)
+OPEN_PATHS = frozenset({"/health", "/health_generate", "/ready", "/"})
+OPEN_PREFIXES = ("/static/",)
 DEAD_GRACE_S = 3.0  # keep answering (503) this long after the engine died, then exit
 
 
@@ -63,6 +65,8 @@ def create_app(
     app.add_exception_handler(ClientDisconnected, _client_gone)
     app.include_router(native.router)
     app.include_router(openai_api.router)
+    app.include_router(web.router)
+    app.mount("/static", web.static, name="static")
     app.add_middleware(JSONBodyMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_bytes=args.max_request_bytes)
     keys = api_keys(args)
@@ -126,7 +130,8 @@ class APIKeyMiddleware:
         self.keys = [(f"Bearer {key}".encode(), tenant) for key, tenant in keys.items()]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or path in OPEN_PATHS or path.startswith(OPEN_PREFIXES):
             await self.app(scope, receive, send)
             return
         given = dict(scope["headers"]).get(b"authorization", b"")

@@ -124,7 +124,7 @@ class _Server(uvicorn.Server):
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         if self.started:
-            print(f"radixlm is ready at {self.url}", flush=True)
+            print(f"radixlm is ready at {self.url} (web page: {self.url}/)", flush=True)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         abort_in_flight(self.config.app)

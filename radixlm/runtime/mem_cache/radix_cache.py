@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections import deque
 from typing import NamedTuple, Protocol
 
 import torch
@@ -65,6 +66,17 @@ class MatchResult(NamedTuple):
 
     slots: torch.Tensor
     node: TreeNode
+
+
+class NodeView(NamedTuple):
+    """One node as ``snapshot`` reports it: ``head`` is the start of its key."""
+
+    id: int
+    parent: int | None
+    tokens: int
+    head: list[int]
+    lock_ref: int
+    last_access: int
 
 
 class RadixCache:
@@ -169,6 +181,20 @@ class RadixCache:
         """Every KV slot held by the tree."""
         values = [node.value for node in self._nodes()]
         return torch.cat(values) if values else _EMPTY
+
+    def snapshot(self, max_nodes: int, head_tokens: int = 64) -> tuple[list[NodeView], int]:
+        """Up to ``max_nodes`` nodes, breadth first from the root (so the tree's shape is kept
+        when it is cut), each with the first ``head_tokens`` of its key; and the logical clock
+        (larger ``last_access`` = more recent)."""
+        out: list[NodeView] = []
+        queue = deque([self.root])
+        while queue and len(out) < max_nodes + 1:
+            node = queue.popleft()
+            parent = node.parent.id if node.parent is not None else None
+            out.append(NodeView(node.id, parent, len(node.key), node.key[:head_tokens],
+                                node.lock_ref, node.last_access))  # fmt: skip
+            queue.extend(sorted(node.children.values(), key=lambda n: -n.last_access))
+        return out, self._clock
 
     def check(self) -> None:
         """Recompute every invariant from scratch; raise ``RuntimeError`` naming a violation."""

@@ -115,6 +115,8 @@ class Scheduler:
             if self.cache.disk is not None:
                 self.cache.disk.store.clear()
             return ControlOut(msg.cid, True, {})
+        if msg.kind == "tree":
+            return ControlOut(msg.cid, True, self.tree_view((msg.data or {}).get("max_nodes", 200)))
         if msg.kind == "pin_prefix":
             if self.cache.disk is None:
                 return ControlOut(msg.cid, False, {"message": "pinning needs --kv-disk-cache"})
@@ -270,6 +272,20 @@ class Scheduler:
             "kv_invariant_ok": self.idle_check_ok(),
             **self.stats.as_dict(),
             **(c.disk.stats() if c.disk is not None else {}),
+        }
+
+    def tree_view(self, max_nodes: int) -> dict[str, Any]:
+        """The radix tree's first ``max_nodes`` nodes (breadth first) and the pool's totals."""
+        c = self.cache
+        nodes, clock = c.tree.snapshot(max_nodes) if c.tree is not None else ([], 0)
+        return {
+            "nodes": [n._asdict() for n in nodes],
+            "clock": clock,
+            "total_tokens": c.allocator.size,
+            "free_tokens": c.allocator.available,
+            "evictable_tokens": c.evictable,
+            "protected_tokens": c.protected,
+            "cache_hit_rate": c.hit_rate,
         }
 
     def close(self) -> None:
