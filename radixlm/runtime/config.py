@@ -154,6 +154,12 @@ class ServerArgs:
     kv_disk_cache: str | None = None
     kv_disk_cache_size: str = "20GB"
     kv_disk_block_size: int = 64  # tokens per block file
+    # "ngram": greedy requests draft tokens by n-gram lookup in their own tokens and verify
+    # them in the step's forward (scheduler/speculative.py). None: off.
+    speculative_algorithm: str | None = None
+    speculative_num_draft_tokens: int = 4
+    spec_ngram_max: int = 4
+    spec_ngram_min: int = 2
 
     def __post_init__(self) -> None:
         _check_choice("dtype", self.dtype, DTYPES)
@@ -174,6 +180,8 @@ class ServerArgs:
             "max_request_bytes",
             "kv_events_block_size",
             "kv_disk_block_size",
+            "speculative_num_draft_tokens",
+            "spec_ngram_min",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -190,6 +198,13 @@ class ServerArgs:
         if self.max_queued_requests is not None and self.max_queued_requests < 0:
             raise ValueError(f"max_queued_requests must be >= 0, got {self.max_queued_requests}")
         parse_size("kv_disk_cache_size", self.kv_disk_cache_size)
+        if self.speculative_algorithm is not None:
+            _check_choice("speculative_algorithm", self.speculative_algorithm, ("ngram",))
+        if self.spec_ngram_max < self.spec_ngram_min:
+            raise ValueError(
+                f"spec_ngram_max ({self.spec_ngram_max}) must be >= spec_ngram_min "
+                f"({self.spec_ngram_min})"
+            )
         if self.kv_disk_cache is not None:
             self._check_disk_cache()
 

@@ -24,7 +24,12 @@ IN_BATCH_PREFIX_THRESHOLD = 32
 class Chunk:
     req: Req
     num_tokens: int
-    slots: torch.Tensor
+    slots: torch.Tensor  # one per token of the chunk, then one per draft token
+    draft: list[int] = field(default_factory=list)  # speculative tokens after a decode
+
+    @property
+    def width(self) -> int:
+        return self.num_tokens + len(self.draft)
 
 
 @dataclass
@@ -34,7 +39,7 @@ class StepPlan:
 
     @property
     def num_tokens(self) -> int:
-        return sum(c.num_tokens for c in self.chunks)
+        return sum(c.width for c in self.chunks)
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -20,6 +20,7 @@ class LogitRows:
     prompt_positions: list[int]  # positions q whose logits score prompt token q + 1
     prompt_rows: list[int]
     sample_row: int | None
+    draft_rows: list[int] = field(default_factory=list)  # a drafted decode: every position
 
 
 def build_batch(plan: StepPlan, cache: CacheManager) -> tuple[ForwardBatch, list[LogitRows]]:
@@ -30,9 +31,14 @@ def build_batch(plan: StepPlan, cache: CacheManager) -> tuple[ForwardBatch, list
         req, n = chunk.req, chunk.num_tokens
         cache.assign(req, chunk.slots)
         start = len(input_ids)
-        input_ids.extend(req.tokens(req.kv_len, req.kv_len + n))
+        input_ids.extend(req.tokens(req.kv_len, req.kv_len + n) + chunk.draft)
         positions = _prompt_logprob_positions(req, n)
         info = LogitRows(req, positions, [], None)
+        if chunk.draft:
+            info.draft_rows = list(range(len(logits_indices), len(logits_indices) + chunk.width))
+            logits_indices.extend(range(start, start + chunk.width))
+            rows.append(info)
+            continue
         for q in positions:
             info.prompt_rows.append(len(logits_indices))
             logits_indices.append(start + q - req.kv_len)
@@ -43,7 +49,7 @@ def build_batch(plan: StepPlan, cache: CacheManager) -> tuple[ForwardBatch, list
     batch = ForwardBatch.build(
         input_ids=input_ids,
         prefix_lens=[c.req.kv_len for c in plan.chunks],
-        extend_lens=[c.num_tokens for c in plan.chunks],
+        extend_lens=[c.width for c in plan.chunks],
         req_slots=[c.req.slot for c in plan.chunks],
         out_cache_loc=torch.cat([c.slots for c in plan.chunks]),
         logits_indices=logits_indices,

@@ -33,6 +33,7 @@ from radixlm.runtime.scheduler.grammar_queue import GrammarQueue
 from radixlm.runtime.scheduler.output import StopChecker, record_prompt_logprobs, token_out
 from radixlm.runtime.scheduler.policy import get_policy
 from radixlm.runtime.scheduler.req import LogprobState, Req, salt_offset
+from radixlm.runtime.scheduler.speculative import Speculator
 from radixlm.runtime.scheduler.stats import SchedulerStats
 
 logger = logging.getLogger(__name__)
@@ -59,6 +60,11 @@ class Scheduler:
         self.waiting: list[Req] = []
         self.running: list[Req] = []
         self.stats = SchedulerStats()
+        self.spec = None
+        if args.speculative_algorithm == "ngram":
+            self.spec = Speculator(
+                args.speculative_num_draft_tokens, args.spec_ngram_max, args.spec_ngram_min
+            )
         self.outbox: list[TokenOut] = []
 
     # -- requests in -------------------------------------------------------------------------
@@ -156,6 +162,8 @@ class Scheduler:
         plan = StepPlan()
         while admission.plan_decodes(self.running, self.cache, plan):
             self._retract(self._victim(self.running))
+        if self.spec is not None and plan.chunks:
+            self.spec.draft(plan.chunks, self.cache, self.stop, self.runner.context_len)
         budget = Budget(
             self.args.max_prefill_tokens,
             self.args.chunked_prefill_size,
@@ -201,6 +209,9 @@ class Scheduler:
             chunk.req.kv_len += chunk.num_tokens
         if sampled:
             self._sample(sampled, logits, masks)
+        for chunk, info in zip(plan.chunks, rows):
+            if chunk.draft:
+                self._verify(chunk, logits[info.draft_rows])
         for chunk in plan.chunks:
             req = chunk.req
             if req.finished:
@@ -244,6 +255,13 @@ class Scheduler:
             if req.stream or req.finish is not None:
                 self.outbox.append(token_out(req))
 
+    def _verify(self, chunk, logits: torch.Tensor) -> None:
+        req = chunk.req
+        req.first_token_time = req.first_token_time or time.monotonic()
+        self.spec.verify(chunk, logits, self.stop, self.grammars.advance, self.cache)
+        if req.stream or req.finish is not None:
+            self.outbox.append(token_out(req))
+
     @staticmethod
     def _record_logprobs(req: Req, result, row: int, num_new: int) -> None:
         """Jump-forward tokens are forced: logprob 0 and no alternatives."""
@@ -272,6 +290,7 @@ class Scheduler:
             "kv_invariant_ok": self.idle_check_ok(),
             **self.stats.as_dict(),
             **(c.disk.stats() if c.disk is not None else {}),
+            **(self.spec.stats.as_dict() if self.spec is not None else {}),
         }
 
     def tree_view(self, max_nodes: int) -> dict[str, Any]:

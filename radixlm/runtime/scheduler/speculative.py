@@ -1,0 +1,149 @@
+"""N-gram speculative decoding: draft tokens by lookup, verify them in the step's forward pass.
+
+A decoding request whose last ``n`` tokens (``n`` from ``--spec-ngram-max`` down to
+``--spec-ngram-min``) occurred earlier in its own prompt or output proposes the tokens that
+followed that occurrence. The step runs the request's last token and the draft as one extend
+chunk with logits at every position; the longest prefix of the draft that the model's own greedy
+choices agree with is kept, plus the model's next token, so the output is exactly what plain
+greedy decoding gives. Only greedy requests without penalties, banned tokens, grammars or
+logprobs speculate (their next token is the argmax of the raw logits); the others decode as
+always in the same step. Each request adapts its draft length to how much of its drafts was
+accepted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from radixlm.runtime.messages import Sampling
+
+# NOTE: a step of at most this many tokens runs the int4 decode weights on CPU (models/quant.py),
+# so drafted steps stay within it: verifying costs about one decode step, and greedy tokens
+# come from the same weights as without speculation.
+MAX_STEP_TOKENS = 8
+
+
+@dataclass
+class DraftState:
+    """One request's n-gram index and draft length."""
+
+    k: int
+    index: list[dict[tuple[int, ...], int]] = field(default_factory=list)  # per n: gram -> end
+    indexed: int = 0  # tokens whose n-grams ending there are indexed
+
+    def update(self, drafted: int, accepted: int, k_max: int) -> None:
+        self.k = min(k_max, self.k + 1) if accepted == drafted else max(1, accepted + 1)
+
+
+class NgramDrafter:
+    def __init__(self, num_draft_tokens: int, n_max: int, n_min: int) -> None:
+        self.k_max = num_draft_tokens
+        self.n_max = n_max
+        self.n_min = n_min
+
+    @staticmethod
+    def eligible(params: Sampling, banned: list[int], has_grammar: bool, logprobs: bool) -> bool:
+        """Greedy over the raw logits: the verification's argmax is the plain step's token."""
+        return (
+            params.is_greedy
+            and params.repetition_penalty == 1.0
+            and params.frequency_penalty == 0.0
+            and params.presence_penalty == 0.0
+            and not banned
+            and not has_grammar
+            and not logprobs
+        )
+
+    def propose(self, state: DraftState | None, ids: list[int], k: int) -> list[int]:
+        """Up to ``k`` tokens that followed the latest earlier occurrence of the longest suffix
+        of ``ids`` (``n_max`` .. ``n_min`` tokens) in ``ids``."""
+        self._index(state, ids)
+        for n in range(self.n_max, self.n_min - 1, -1):
+            if len(ids) <= n:
+                continue
+            end = state.index[n - self.n_min].get(tuple(ids[-n:]))
+            if end is not None:
+                return ids[end : end + k]
+        return []
+
+    def _index(self, state: DraftState, ids: list[int]) -> None:
+        """Index the n-grams ending before the last token (the suffix must not find itself)."""
+        if not state.index:
+            state.index = [{} for _ in range(self.n_min, self.n_max + 1)]
+        for end in range(max(state.indexed, 1), len(ids)):
+            for n in range(self.n_min, self.n_max + 1):
+                if end >= n:
+                    state.index[n - self.n_min][tuple(ids[end - n : end])] = end
+        state.indexed = len(ids)
+
+
+@dataclass
+class SpecStats:
+    steps: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    accept_lengths: dict[int, int] = field(default_factory=dict)  # accepted per draft -> count
+
+    def record(self, drafted: int, accepted: int) -> None:
+        self.steps += 1
+        self.draft_tokens += drafted
+        self.accepted_tokens += accepted
+        self.accept_lengths[accepted] = self.accept_lengths.get(accepted, 0) + 1
+
+    def as_dict(self) -> dict:
+        return {
+            "spec_steps": self.steps,
+            "spec_draft_tokens": self.draft_tokens,
+            "spec_accepted_tokens": self.accepted_tokens,
+            "spec_accept_lengths": {str(k): v for k, v in sorted(self.accept_lengths.items())},
+        }
+
+
+class Speculator:
+    """Adds drafts to a step's decode chunks and verifies them after the forward pass."""
+
+    def __init__(self, num_draft_tokens: int, n_max: int, n_min: int) -> None:
+        self.drafter = NgramDrafter(num_draft_tokens, n_max, n_min)
+        self.stats = SpecStats()
+
+    def draft(self, chunks: list, cache, stop, context_len: int) -> None:
+        """Give eligible decode chunks a draft and its KV slots, within ``MAX_STEP_TOKENS``."""
+        budget = MAX_STEP_TOKENS - len(chunks)
+        for chunk in chunks:
+            req = chunk.req
+            if budget <= 0:
+                return
+            banned = stop.banned_ids(req)
+            if not self.drafter.eligible(req.params, banned, req.grammar is not None,
+                                         req.logprob is not None):  # fmt: skip
+                continue
+            req.spec = req.spec or DraftState(self.drafter.k_max)
+            room = min(req.params.max_new_tokens - len(req.output_ids),
+                       context_len - req.seq_len) - 1  # fmt: skip
+            k = min(req.spec.k, budget, room)
+            draft = self.drafter.propose(req.spec, req.fill_ids, k) if k > 0 else []
+            slots = cache.alloc(len(draft)) if draft else None
+            if slots is None:
+                continue
+            chunk.draft, chunk.slots = draft, torch.cat([chunk.slots, slots])
+            budget -= len(draft)
+
+    def verify(self, chunk, logits: torch.Tensor, stop, advance, cache) -> None:
+        """Append the model's greedy tokens while they agree with the draft (and one more);
+        free the KV slots of the draft positions that were not kept."""
+        req, draft = chunk.req, chunk.draft
+        last = req.kv_len - 1  # NOTE: kv_len already counts the request's last token
+        kept = 0
+        for j, token in enumerate(logits.argmax(dim=-1).tolist()):
+            req.output_ids.extend(advance(req, token))
+            req.finish = stop.check(req, token)
+            if req.finish is not None or j == len(draft) or token != draft[j]:
+                break
+            kept += 1
+        req.kv_len += kept
+        unused = cache.req_pool.table[req.slot, req.kv_len : last + 1 + len(draft)]
+        cache.allocator.free(unused.cpu())
+        self.stats.record(len(draft), kept)
+        req.spec.update(len(draft), kept, self.drafter.k_max)

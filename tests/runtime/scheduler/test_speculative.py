@@ -1,0 +1,106 @@
+"""N-gram speculative decoding: the same greedy tokens with it on and off, for plain, batched,
+stop-string, grammar and logprob requests; drafts that are accepted; no KV slot leaked."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixlm import Engine
+from radixlm.runtime.messages import Sampling
+from radixlm.runtime.scheduler.speculative import DraftState, NgramDrafter
+from tests.conftest import assert_no_leak
+
+# NOTE: repetitive prompts, so that drafts exist, and a tiny random model's greedy output
+# falls into loops, so that drafts are accepted
+PROMPTS = [
+    "one two three four one two three four one two three",
+    "the cat sat on the mat and the cat sat on the",
+    "a b c d e f g a b c d e f g a b c",
+    "red green blue red green blue red",
+]
+
+
+def test_the_drafter_proposes_what_followed_the_suffix_before():
+    drafter = NgramDrafter(num_draft_tokens=4, n_max=3, n_min=2)
+    state = DraftState(4)
+    ids = [5, 6, 7, 8, 9, 5, 6, 7]
+    assert drafter.propose(state, ids, 4) == [8, 9, 5, 6]  # after the earlier "5 6 7"
+    assert drafter.propose(state, ids + [1, 2], 4) == []  # "7 1 2" / "1 2": never seen
+    assert drafter.propose(DraftState(4), [1, 2, 3], 4) == []  # the suffix does not find itself
+    ids = [1, 2, 3, 1, 2, 4, 1, 2]
+    assert drafter.propose(DraftState(4), ids, 2) == [4, 1]  # the latest occurrence wins
+
+
+def test_only_plain_greedy_requests_draft():
+    ok = NgramDrafter.eligible
+    greedy = Sampling(temperature=0.0)
+    assert ok(greedy, [], False, False)
+    assert not ok(Sampling(temperature=0.7), [], False, False)
+    assert not ok(Sampling(temperature=0.0, repetition_penalty=1.2), [], False, False)
+    assert not ok(greedy, [2], False, False)  # min_new_tokens bans EOS
+    assert not ok(greedy, [], True, False) and not ok(greedy, [], False, True)
+
+
+def test_draft_length_adapts():
+    state = DraftState(4)
+    state.update(drafted=4, accepted=1, k_max=6)
+    assert state.k == 2
+    state.update(drafted=2, accepted=2, k_max=6)
+    assert state.k == 3
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_llama):
+    common = {"dtype": "float32", "max_total_tokens": 4096, "num_threads": 1}
+    with Engine(tiny_llama, **common) as plain, Engine(
+        tiny_llama, speculative_algorithm="ngram", speculative_num_draft_tokens=5, **common
+    ) as spec:
+        yield plain, spec
+
+
+def both(engines, *args, **kw):
+    plain, spec = engines
+    return plain.generate(*args, **kw), spec.generate(*args, **kw)
+
+
+def test_greedy_outputs_are_identical_and_drafts_are_accepted(engines):
+    params = {"max_new_tokens": 48, "temperature": 0, "ignore_eos": True}
+    for prompt in PROMPTS:  # one at a time: single-stream decode
+        a, b = both(engines, prompt, params)
+        assert a["output_ids"] == b["output_ids"], prompt
+    a, b = both(engines, PROMPTS, params)  # batched
+    assert [x["output_ids"] for x in a] == [x["output_ids"] for x in b]
+    stats = engines[1].get_server_info()["stats"]
+    assert stats["spec_accepted_tokens"] > 0 and stats["spec_steps"] > 0
+    assert engines[1].get_server_info()["stats"]["generated_tokens"] > 0
+
+
+def test_stops_grammar_and_logprobs_behave_as_without_speculation(engines):
+    params = {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True}
+    plain = engines[0].generate(PROMPTS[0], params)
+    stop = plain["text"][len(plain["text"]) // 2 :][:3]
+    mixed = [
+        (PROMPTS[0], {**params, "stop": [stop]}),
+        (PROMPTS[1], {**params, "max_new_tokens": 7}),
+        (PROMPTS[2], {**params, "regex": "(ab|cd)+x"}),
+        (PROMPTS[3], {**params, "stop_token_ids": [plain["output_ids"][5]]}),
+    ]
+    prompts, sampling = zip(*mixed)
+    a, b = both(engines, list(prompts), list(sampling), return_logprob=True, top_logprobs_num=2)
+    for x, y in zip(a, b):
+        assert x["text"] == y["text"] and x["meta_info"]["finish_reason"] == \
+            y["meta_info"]["finish_reason"]
+    a, b = both(engines, PROMPTS[0], {**params, "stop": [stop]})
+    assert a["text"] == b["text"] and a["meta_info"]["finish_reason"]["type"] == "stop"
+
+
+def test_no_kv_slot_leaks_after_aborts(engines):
+    spec = engines[1]
+    params = {"max_new_tokens": 200, "temperature": 0, "ignore_eos": True}
+    for prompt in PROMPTS:
+        for i, _ in enumerate(spec.generate(prompt, params, stream=True)):
+            if i == 5:
+                break  # closing the stream aborts the request
+    spec.generate(PROMPTS, {**params, "max_new_tokens": 30})
+    assert_no_leak(spec)
+    assert_no_leak(engines[0])
