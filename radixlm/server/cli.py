@@ -52,6 +52,16 @@ HELP = {
     "kv_events_endpoint": "publish KV-cache events (vLLM's format) on this ZMQ endpoint, e.g. "
     "tcp://127.0.0.1:5557 (see docs/architecture.md)",
     "kv_events_block_size": "tokens per block in KV-cache events",
+    "kv_disk_cache": "directory of a disk tier under the radix cache: prefixes outlive eviction "
+    "and restarts",
+    "kv_disk_cache_size": "byte budget of --kv-disk-cache, e.g. 20GB (least recently used "
+    "blocks go first)",
+    "kv_disk_block_size": "tokens per block file of --kv-disk-cache",
+    "speculative_algorithm": "ngram: greedy requests draft tokens from the radix tree and their "
+    "own n-grams, verified in the same forward pass (same output, fewer steps)",
+    "speculative_num_draft_tokens": "most draft tokens per request and step",
+    "spec_ngram_max": "longest suffix looked up for an n-gram draft",
+    "spec_ngram_min": "shortest suffix looked up for an n-gram draft",
     "num_threads": "torch threads of the scheduler and of each tensor-parallel rank (default: "
     "$RADIXLM_NUM_THREADS, else $OMP_NUM_THREADS, else the physical cores but one, shared, at "
     "most 8)",
@@ -59,7 +69,8 @@ HELP = {
 CHOICES = {"dtype": DTYPES, "load_format": LOAD_FORMATS, "schedule_policy": SCHEDULE_POLICIES,
            "quantization": QUANTIZATIONS, "grammar_backend": GRAMMAR_BACKENDS,
            "attention_backend": ATTENTION_BACKENDS, "tool_call_parser": sorted(TOOL_PARSERS),
-           "reasoning_parser": sorted(REASONING_PARSERS)}  # fmt: skip
+           "reasoning_parser": sorted(REASONING_PARSERS),
+           "speculative_algorithm": ["ngram"]}  # fmt: skip
 
 
 def build_parser(prog: str = "radixlm serve") -> argparse.ArgumentParser:

@@ -42,6 +42,16 @@ DISK = {  # --kv-disk-cache only
     "kv_disk_usage_bytes": ("disk_bytes", GaugeMetricFamily, "Bytes the disk tier holds."),
 }
 
+SPEC = {  # --speculative-algorithm only
+    "spec_decode_num_drafts_total": ("spec_steps", CounterMetricFamily, "Drafts verified."),
+    "spec_decode_num_draft_tokens_total": (
+        "spec_draft_tokens", CounterMetricFamily, "Draft tokens verified.",
+    ),
+    "spec_decode_num_accepted_tokens_total": (
+        "spec_accepted_tokens", CounterMetricFamily, "Draft tokens accepted.",
+    ),
+}
+
 
 class _StatsCollector:
     """Exposes the latest scheduler stats snapshot as gauges and counters."""
@@ -56,9 +66,10 @@ class _StatsCollector:
             yield self._family(GaugeMetricFamily, name, doc, labels, self.stats.get(key, 0))
         for name, (key, doc) in COUNTERS.items():
             yield self._family(CounterMetricFamily, name, doc, labels, self.stats.get(key, 0))
-        if "disk_blocks" in self.stats:
-            for name, (key, kind, doc) in DISK.items():
-                yield self._family(kind, name, doc, labels, self.stats[key])
+        for marker, families in (("disk_blocks", DISK), ("spec_steps", SPEC)):
+            if marker in self.stats:
+                for name, (key, kind, doc) in families.items():
+                    yield self._family(kind, name, doc, labels, self.stats[key])
         success = CounterMetricFamily(
             PREFIX + "request_success_total", "Finished requests by finish reason.",
             labels=["model_name", "finished_reason"],

@@ -182,6 +182,28 @@ class RadixCache:
         values = [node.value for node in self._nodes()]
         return torch.cat(values) if values else _EMPTY
 
+    def continuation(self, key: list[int], k: int) -> list[int]:
+        """Up to ``k`` tokens that follow ``key`` in the tree (along the most recently used
+        branch), read without splitting or touching any node; [] if ``key`` leaves the tree."""
+        node, pos, page = self.root, 0, self.page_size
+        while pos < len(key):
+            if len(key) - pos < page:
+                return []
+            child = node.children.get(self._child_key(key, pos))
+            if child is None:
+                return []
+            n = len(child.key) if key[pos : pos + len(child.key)] == child.key else 0
+            if n == 0:
+                while n < len(child.key) and pos + n < len(key) and child.key[n] == key[pos + n]:
+                    n += 1
+                return child.key[n : n + k] if pos + n == len(key) else []
+            pos, node = pos + n, child
+        out: list[int] = []
+        while len(out) < k and node.children:
+            node = max(node.children.values(), key=lambda c: c.last_access)
+            out.extend(node.key[: k - len(out)])
+        return out
+
     def snapshot(self, max_nodes: int, head_tokens: int = 64) -> tuple[list[NodeView], int]:
         """Up to ``max_nodes`` nodes, breadth first from the root (so the tree's shape is kept
         when it is cut), each with the first ``head_tokens`` of its key; and the logical clock

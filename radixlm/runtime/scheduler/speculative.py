@@ -1,14 +1,15 @@
-"""N-gram speculative decoding: draft tokens by lookup, verify them in the step's forward pass.
+"""Speculative decoding from lookups: draft tokens, verify them in the step's forward pass.
 
-A decoding request whose last ``n`` tokens (``n`` from ``--spec-ngram-max`` down to
-``--spec-ngram-min``) occurred earlier in its own prompt or output proposes the tokens that
-followed that occurrence. The step runs the request's last token and the draft as one extend
-chunk with logits at every position; the longest prefix of the draft that the model's own greedy
-choices agree with is kept, plus the model's next token, so the output is exactly what plain
-greedy decoding gives. Only greedy requests without penalties, banned tokens, grammars or
-logprobs speculate (their next token is the argmax of the raw logits); the others decode as
-always in the same step. Each request adapts its draft length to how much of its drafts was
-accepted.
+A decoding request drafts what the radix tree holds after its tokens (the continuation another
+request already produced from the same prefix); else, when its last ``n`` tokens (``n`` from
+``--spec-ngram-max`` down to ``--spec-ngram-min``) occurred earlier in its own prompt or
+output, the tokens that followed that occurrence. The step runs the request's last token and
+the draft as one extend chunk with logits at every position; the longest prefix of the draft
+that the model's own greedy choices agree with is kept, plus the model's next token, so the
+output is exactly what plain greedy decoding gives. Only greedy requests without penalties,
+banned tokens, grammars or logprobs speculate (their next token is the argmax of the raw
+logits); the others decode as always in the same step. Each request adapts its draft length to
+how much of its drafts was accepted.
 """
 
 from __future__ import annotations
@@ -123,12 +124,21 @@ class Speculator:
             room = min(req.params.max_new_tokens - len(req.output_ids),
                        context_len - req.seq_len) - 1  # fmt: skip
             k = min(req.spec.k, budget, room)
-            draft = self.drafter.propose(req.spec, req.fill_ids, k) if k > 0 else []
+            draft = self._propose(req, k, cache.tree) if k > 0 else []
             slots = cache.alloc(len(draft)) if draft else None
             if slots is None:
                 continue
             chunk.draft, chunk.slots = draft, torch.cat([chunk.slots, slots])
             budget -= len(draft)
+
+    def _propose(self, req, k: int, tree) -> list[int]:
+        """What the radix tree holds after this request's tokens (another request's output for
+        the same prefix), else an n-gram draft from its own tokens."""
+        if tree is not None:
+            draft = tree.continuation(req.cache_key(req.seq_len), k)
+            if draft:
+                return [t - req.salt for t in draft]
+        return self.drafter.propose(req.spec, req.fill_ids, k)
 
     def verify(self, chunk, logits: torch.Tensor, stop, advance, cache) -> None:
         """Append the model's greedy tokens while they agree with the draft (and one more);

@@ -94,6 +94,31 @@ def test_stops_grammar_and_logprobs_behave_as_without_speculation(engines):
     assert a["text"] == b["text"] and a["meta_info"]["finish_reason"]["type"] == "stop"
 
 
+def test_a_repeated_request_drafts_from_the_radix_tree(engines):
+    prompt, params = "an unrepetitive prompt about zebras", {"max_new_tokens": 32, "temperature": 0}
+    a, first = both(engines, prompt, params)
+    before = engines[1].get_server_info()["stats"]["spec_accepted_tokens"]
+    again = engines[1].generate(prompt, params)
+    accepted = engines[1].get_server_info()["stats"]["spec_accepted_tokens"] - before
+    assert again["output_ids"] == first["output_ids"] == a["output_ids"]
+    # NOTE: the first run's output is in the tree: nearly every token comes from a draft
+    assert accepted >= len(again["output_ids"]) - 8, accepted
+
+
+def test_continuation_reads_the_tree_without_touching_it():
+    import torch
+
+    from radixlm.runtime.mem_cache.radix_cache import RadixCache
+
+    tree = RadixCache()
+    tree.insert([1, 2, 3, 4, 5, 6], torch.arange(6))
+    tree.insert([1, 2, 7, 8], torch.arange(10, 14))
+    assert tree.continuation([1, 2, 3], 2) == [4, 5]  # inside a node
+    assert tree.continuation([1, 2], 3) == [7, 8]  # the most recent branch
+    assert tree.continuation([1, 9], 3) == [] and tree.continuation([1, 2, 7, 8], 3) == []
+    tree.check()
+
+
 def test_no_kv_slot_leaks_after_aborts(engines):
     spec = engines[1]
     params = {"max_new_tokens": 200, "temperature": 0, "ignore_eos": True}
