@@ -6,10 +6,12 @@ request already produced from the same prefix); else, when its last ``n`` tokens
 output, the tokens that followed that occurrence. The step runs the request's last token and
 the draft as one extend chunk with logits at every position; the longest prefix of the draft
 that the model's own greedy choices agree with is kept, plus the model's next token, so the
-output is exactly what plain greedy decoding gives. Only greedy requests without penalties,
-banned tokens, grammars or logprobs speculate (their next token is the argmax of the raw
-logits); the others decode as always in the same step. Each request adapts its draft length to
-how much of its drafts was accepted.
+output is exactly what plain greedy decoding gives; a sampling request keeps each draft token
+with its probability and resamples the first rejected one (the standard rule), so its tokens
+have plain sampling's distribution. Only requests without penalties, banned tokens, grammars
+or logprobs speculate (their next token depends on the raw logits alone); the others decode as
+always in the same step. Each request adapts its draft length to how much of its drafts was
+accepted.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from radixlm.runtime.messages import Sampling
+from radixlm.runtime.sampling.sampler import filtered_probs
 
 # NOTE: a step of at most this many tokens runs the int4 decode weights on CPU (models/quant.py),
 # so drafted steps stay within it: verifying costs about one decode step, and greedy tokens
@@ -46,10 +49,10 @@ class NgramDrafter:
 
     @staticmethod
     def eligible(params: Sampling, banned: list[int], has_grammar: bool, logprobs: bool) -> bool:
-        """Greedy over the raw logits: the verification's argmax is the plain step's token."""
+        """The next token depends on the raw logits only (no penalties, banned tokens, grammar
+        masks): the verification sees the same distribution as a plain step."""
         return (
-            params.is_greedy
-            and params.repetition_penalty == 1.0
+            params.repetition_penalty == 1.0
             and params.frequency_penalty == 0.0
             and params.presence_penalty == 0.0
             and not banned
@@ -140,13 +143,42 @@ class Speculator:
                 return [t - req.salt for t in draft]
         return self.drafter.propose(req.spec, req.fill_ids, k)
 
+    @staticmethod
+    def _sampled(req, logits: torch.Tensor, draft: list[int]) -> list[int]:
+        """Speculative sampling with a deterministic draft: draft token ``d`` is kept with
+        probability ``p(d)``; at the first rejection the token comes from ``p`` without ``d``
+        (renormalised); after a fully kept draft one more comes from ``p``. The tokens are then
+        distributed exactly as plain sampling's. A seeded request draws from a generator keyed
+        by (seed, output length), so its output is reproducible."""
+        probs = filtered_probs(logits.float(), [req.params] * len(logits))
+        probs = probs / probs.sum(dim=-1, keepdim=True)  # NOTE: the filters only zero entries
+        gen = None
+        if req.params.sampling_seed is not None:
+            gen = torch.Generator(device=probs.device)
+            gen.manual_seed(hash((req.params.sampling_seed, len(req.output_ids))) & (2**63 - 1))
+        out: list[int] = []
+        for j, d in enumerate(draft):
+            p = probs[j]
+            if torch.rand((), generator=gen, device=p.device) < p[d]:
+                out.append(d)
+                continue
+            p = p.clone()
+            p[d] = 0.0
+            out.append(int(torch.multinomial(p / p.sum(), 1, generator=gen)))
+            return out
+        out.append(int(torch.multinomial(probs[len(draft)], 1, generator=gen)))
+        return out
+
     def verify(self, chunk, logits: torch.Tensor, stop, advance, cache) -> None:
         """Append the model's greedy tokens while they agree with the draft (and one more);
         free the KV slots of the draft positions that were not kept."""
         req, draft = chunk.req, chunk.draft
         last = req.kv_len - 1  # NOTE: kv_len already counts the request's last token
         kept = 0
-        for j, token in enumerate(logits.argmax(dim=-1).tolist()):
+        tokens = logits.argmax(dim=-1).tolist() if req.params.is_greedy else self._sampled(
+            req, logits, draft
+        )
+        for j, token in enumerate(tokens):
             req.output_ids.extend(advance(req, token))
             req.finish = stop.check(req, token)
             if req.finish is not None or j == len(draft) or token != draft[j]:

@@ -31,12 +31,12 @@ def test_the_drafter_proposes_what_followed_the_suffix_before():
     assert drafter.propose(DraftState(4), ids, 2) == [4, 1]  # the latest occurrence wins
 
 
-def test_only_plain_greedy_requests_draft():
+def test_only_requests_on_raw_logits_draft():
     ok = NgramDrafter.eligible
     greedy = Sampling(temperature=0.0)
-    assert ok(greedy, [], False, False)
-    assert not ok(Sampling(temperature=0.7), [], False, False)
+    assert ok(greedy, [], False, False) and ok(Sampling(temperature=0.7, top_k=5), [], False, False)
     assert not ok(Sampling(temperature=0.0, repetition_penalty=1.2), [], False, False)
+    assert not ok(Sampling(frequency_penalty=0.5), [], False, False)
     assert not ok(greedy, [2], False, False)  # min_new_tokens bans EOS
     assert not ok(greedy, [], True, False) and not ok(greedy, [], False, True)
 
@@ -117,6 +117,47 @@ def test_continuation_reads_the_tree_without_touching_it():
     assert tree.continuation([1, 2], 3) == [7, 8]  # the most recent branch
     assert tree.continuation([1, 9], 3) == [] and tree.continuation([1, 2, 7, 8], 3) == []
     tree.check()
+
+
+CHI2_999 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32, 8: 26.12}
+
+
+def chi2_two_samples(a: dict, b: dict) -> tuple[float, int]:
+    """Pearson's chi-square statistic that two samples share one categorical distribution."""
+    keys = set(a) | set(b)
+    na, nb = sum(a.values()), sum(b.values())
+    stat = 0.0
+    for k in keys:
+        pooled = (a.get(k, 0) + b.get(k, 0)) / (na + nb)
+        for count, n in ((a.get(k, 0), na), (b.get(k, 0), nb)):
+            stat += (count - n * pooled) ** 2 / (n * pooled)
+    return stat, len(keys) - 1
+
+
+def test_sampled_tokens_keep_their_distribution(engines):
+    plain, spec = engines
+    prompt = "one two three four one two three four one two"
+    # NOTE: the greedy answer goes into both trees first, so the sampling requests draft it
+    # from the tree: drafts are the most likely tokens, and accept/reject both happen
+    greedy = {"max_new_tokens": 4, "temperature": 0}
+    plain.generate(prompt, greedy), spec.generate(prompt, greedy)
+    # NOTE: 4 at a time: drafting keeps a step within 8 tokens
+    params = {"max_new_tokens": 3, "temperature": 1.0, "top_k": 2, "n": 4, "ignore_eos": True}
+    before = spec.get_server_info()["stats"]
+    counts = []
+    for engine in (plain, spec):
+        seen: dict = {}
+        for _ in range(75):
+            for out in engine.generate(prompt, params):
+                key = tuple(out["output_ids"][1:3])  # NOTE: tokens 2 and 3 come from drafts
+                seen[key] = seen.get(key, 0) + 1
+        counts.append(seen)
+    after = spec.get_server_info()["stats"]
+    drafted = after["spec_draft_tokens"] - before["spec_draft_tokens"]
+    accepted = after["spec_accepted_tokens"] - before["spec_accepted_tokens"]
+    assert 0 < accepted < drafted  # both outcomes occurred
+    stat, dof = chi2_two_samples(*counts)
+    assert stat < CHI2_999[min(dof, 8)], (stat, dof, counts)
 
 
 def test_no_kv_slot_leaks_after_aborts(engines):
