@@ -15,6 +15,7 @@ _LANG = (
     "gen", "gen_int", "gen_string", "get_server_info", "greedy_token_selection", "select",
     "set_default_backend", "system", "system_begin", "system_end", "token_length_normalized",
     "tools_prompt", "unconditional_likelihood_normalized", "user", "user_begin", "user_end",
+    "global_config", "image", "video", "separate_reasoning",
 )  # fmt: skip
 _HOMES = {**{name: "radixlm.lang" for name in _LANG}, "Engine": "radixlm.runtime.engine"}
 

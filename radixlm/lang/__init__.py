@@ -15,7 +15,9 @@ from radixlm.lang.api import (
     gen_int,
     gen_string,
     get_server_info,
+    image,
     select,
+    separate_reasoning,
     set_default_backend,
     system,
     system_begin,
@@ -23,6 +25,7 @@ from radixlm.lang.api import (
     user,
     user_begin,
     user_end,
+    video,
 )
 from radixlm.lang.backend import EngineBackend, OpenAI, Runtime, RuntimeEndpoint
 from radixlm.lang.chat_template import ChatTemplate, get_chat_template, register_chat_template
@@ -33,6 +36,7 @@ from radixlm.lang.choices import (
 )
 from radixlm.lang.executor import ProgramError
 from radixlm.lang.function import SglFunction
+from radixlm.lang.global_config import global_config
 from radixlm.lang.ir import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR
 from radixlm.lang.state import ProgramState, ProgramStateGroup
 from radixlm.lang.tools import tools_prompt
@@ -45,5 +49,6 @@ __all__ = [
     "gen", "gen_int", "gen_string", "get_chat_template", "get_server_info",
     "greedy_token_selection", "register_chat_template", "select", "set_default_backend",
     "system", "system_begin", "system_end", "token_length_normalized",
-    "unconditional_likelihood_normalized", "user", "user_begin", "user_end",
+    "unconditional_likelihood_normalized", "user", "user_begin", "user_end", "global_config",
+    "image", "video", "separate_reasoning",
 ]

@@ -14,13 +14,16 @@ from radixlm.lang.ir import (
     SglExpr,
     SglExprList,
     SglGen,
+    SglMedia,
     SglRoleBegin,
     SglRoleEnd,
     SglSamplingParams,
     SglSelect,
+    SglSeparateReasoning,
     as_expr,
 )
 from radixlm.lang.tools import tool_call_regex
+from radixlm.runtime.reasoning import REASONING_PARSERS
 
 
 def function(func: Callable | None = None, num_api_spec_tokens: int | None = None):
@@ -89,8 +92,6 @@ def gen(
     if choices:
         method = choices_method or token_length_normalized
         return SglSelect(name, choices, 0.0 if temperature is None else temperature, method)
-    if stop_regex is not None:
-        raise ValueError("stop_regex is not supported; use stop strings or a regex constraint")
     if tools:
         tools_regex = tool_call_regex(tools, tool_choice, parallel_tool_calls)
         if tools_regex is not None and (regex is not None or json_schema is not None):
@@ -105,7 +106,8 @@ def gen(
             raise ValueError(f"invalid regex {regex!r}: {e}") from None
     params = SglSamplingParams(
         max_new_tokens=max_tokens, min_new_tokens=min_tokens, n=n, stop=stop,
-        stop_token_ids=stop_token_ids, temperature=temperature, top_p=top_p, top_k=top_k,
+        stop_token_ids=stop_token_ids, stop_regex=stop_regex, temperature=temperature,
+        top_p=top_p, top_k=top_k,
         min_p=min_p, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
         ignore_eos=ignore_eos, return_logprob=return_logprob,
         logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
@@ -178,3 +180,28 @@ def assistant_begin() -> SglRoleBegin:
 
 def assistant_end() -> SglRoleEnd:
     return SglRoleEnd("assistant")
+
+
+def separate_reasoning(expr: SglExpr | None = None, model_type: str | None = None) -> SglExpr:
+    """Run the named ``gen`` ``expr``, then split its value: ``s[name]`` is the content after
+    the reasoning block, ``s[name + "_reasoning_content"]`` the reasoning (``model_type``:
+    a ``--reasoning-parser`` name such as ``deepseek-r1`` or ``qwen3``)."""
+    if not isinstance(expr, SglGen) or expr.name is None:
+        raise ValueError(
+            "separate_reasoning wraps a named gen, e.g. "
+            "sgl.separate_reasoning(sgl.gen('answer'), model_type='deepseek-r1')"
+        )
+    if model_type not in REASONING_PARSERS:
+        known = sorted(REASONING_PARSERS)
+        raise ValueError(f"model_type must be one of {known}, got {model_type!r}")
+    return SglExprList([expr, SglSeparateReasoning(model_type, expr.name)])
+
+
+def image(path: str) -> SglExpr:
+    """SGLang's image input; running it on radixlm's text-only models raises a clear error."""
+    return SglMedia("image", path)
+
+
+def video(path: str, num_frames: int = 0) -> SglExpr:
+    """SGLang's video input; running it on radixlm's text-only models raises a clear error."""
+    return SglMedia("video", path)

@@ -24,16 +24,19 @@ from radixlm.lang.ir import (
     SglExpr,
     SglExprList,
     SglGen,
+    SglMedia,
     SglRoleBegin,
     SglRoleEnd,
     SglSamplingParams,
     SglSelect,
+    SglSeparateReasoning,
     SglVariable,
     SglVarScopeBegin,
     SglVarScopeEnd,
     as_expr,
 )
 from radixlm.lang.tools import read_tool_calls
+from radixlm.runtime.reasoning import get_reasoning_parser
 
 if TYPE_CHECKING:
     from radixlm.lang.backend.base import BaseBackend
@@ -156,6 +159,10 @@ class StreamExecutor:
         if isinstance(expr, (SglGen, SglSelect, SglVarScopeBegin)):
             self.variable_event[expr.name] = threading.Event()
             self.stream_var_event[expr.name] = threading.Event()
+        elif isinstance(expr, SglSeparateReasoning):
+            name = f"{expr.name}_reasoning_content"
+            self.variable_event[name] = threading.Event()
+            self.stream_var_event[name] = threading.Event()
         elif isinstance(expr, SglExprList):
             for e in expr.expr_list:
                 self._init_var_event(e)
@@ -337,6 +344,17 @@ class StreamExecutor:
             exe.sync()
             self._fill(exe.text_[exe.fork_start_text_pos:])
 
+    def _execute_separate_reasoning(self, expr: SglSeparateReasoning) -> None:
+        reasoning, content = get_reasoning_parser(expr.model_type).split(self.variables[expr.name])
+        self.variables[expr.name] = content
+        self._set_var(f"{expr.name}_reasoning_content", reasoning or "", None)
+
+    def _execute_media(self, expr: SglMedia) -> None:
+        raise ValueError(
+            f"sgl.{expr.kind}({expr.path!r}): {expr.kind} input is not supported by this model "
+            "(radixlm serves text-only models)"
+        )
+
 
 _HANDLERS = {
     SglExprList: StreamExecutor._execute_list,
@@ -351,4 +369,6 @@ _HANDLERS = {
     SglVarScopeEnd: StreamExecutor._execute_var_scope_end,
     SglCommitLazy: StreamExecutor._execute_commit_lazy,
     SglConcateAndAppend: StreamExecutor._execute_concat_and_append,
+    SglSeparateReasoning: StreamExecutor._execute_separate_reasoning,
+    SglMedia: StreamExecutor._execute_media,
 }

@@ -13,7 +13,8 @@ REGEX_BOOL = r"(True|False)"
 REGEX_STR = r"\"[\w\d\s]*\""
 
 _RUNTIME_FIELDS = (
-    "max_new_tokens", "min_new_tokens", "n", "stop", "stop_token_ids", "temperature", "top_p",
+    "max_new_tokens", "min_new_tokens", "n", "stop", "stop_token_ids", "stop_regex",
+    "temperature", "top_p",
     "top_k", "min_p", "frequency_penalty", "presence_penalty", "ignore_eos", "regex",
     "json_schema",
 )
@@ -30,6 +31,7 @@ class SglSamplingParams:
     n: int | None = None
     stop: str | list[str] | tuple[str, ...] | None = None
     stop_token_ids: list[int] | None = None
+    stop_regex: str | list[str] | None = None
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -271,3 +273,28 @@ class SglConcateAndAppend(SglExpr):
 
     def __repr__(self) -> str:
         return f"ConcatenateAndAppend({len(self.states)} states)"
+
+
+class SglSeparateReasoning(SglExpr):
+    """After the gen ``name``: its variable becomes the content after the reasoning block and
+    ``<name>_reasoning_content`` the reasoning (SGLang's ``separate_reasoning``)."""
+
+    def __init__(self, model_type: str, name: str) -> None:
+        super().__init__()
+        self.model_type = model_type
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"SeparateReasoning({self.name!r}, {self.model_type!r})"
+
+
+class SglMedia(SglExpr):
+    """``sgl.image`` / ``sgl.video``: an input the text-only models radixlm serves cannot take."""
+
+    def __init__(self, kind: str, path: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.path = path
+
+    def __repr__(self) -> str:
+        return f"{self.kind.capitalize()}({self.path!r})"

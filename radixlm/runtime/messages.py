@@ -88,11 +88,13 @@ class Sampling(msgspec.Struct, frozen=True):
     repetition_penalty: float = 1.0
     stop: list[str] = []
     stop_token_ids: list[int] = []
+    stop_regex: list[str] = []  # SGLang's: stop when one matches the output's recent text
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
     sampling_seed: int | None = None
     constraint: tuple[str, str] | None = None
+    speculative: bool = True  # False: never draft for this request (--speculative-algorithm)
 
     @property
     def is_greedy(self) -> bool:

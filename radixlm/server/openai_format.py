@@ -44,10 +44,12 @@ def sampling_params(req: SamplingFields, max_tokens: int | None) -> dict[str, An
         "min_new_tokens": req.min_tokens,
         "ignore_eos": req.ignore_eos,
         "stop_token_ids": req.stop_token_ids,
+        "stop_regex": req.stop_regex,
         "skip_special_tokens": req.skip_special_tokens,
         "no_stop_trim": req.no_stop_trim,
         "regex": req.regex,
         "json_schema": req.json_schema,
+        "speculative": req.speculative,
     }
     return {k: v for k, v in params.items() if v is not None}
 

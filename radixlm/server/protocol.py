@@ -103,10 +103,12 @@ class SamplingFields(BaseModel):
     min_tokens: int | None = Field(None, ge=0)
     ignore_eos: bool | None = None
     stop_token_ids: list[int] | None = None
+    stop_regex: str | list[str] | None = None  # SGLang's
     skip_special_tokens: bool | None = None
     no_stop_trim: bool | None = None
     regex: str | None = None
     json_schema: dict[str, Any] | str | None = None
+    speculative: bool | None = None  # False: no speculative drafts for this request
 
     @property
     def include_usage(self) -> bool:

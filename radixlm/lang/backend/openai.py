@@ -160,7 +160,7 @@ def _openai_sampling(params: SglSamplingParams) -> dict[str, Any]:
            if getattr(params, src) is not None}
     if params.stop_list():
         out["stop"] = params.stop_list()[:4]
-    extra = {k: getattr(params, k) for k in ("top_k", "min_p", "regex", "ignore_eos")
+    extra = {k: getattr(params, k) for k in ("top_k", "min_p", "regex", "ignore_eos", "stop_regex")
              if getattr(params, k) is not None}
     if params.json_schema is not None:
         schema = params.json_schema

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import msgspec
@@ -14,6 +15,8 @@ INT32_MAX = 2**31 - 1  # NOTE: every integer crosses the wire as msgpack; bound 
 MAX_STOPS = 256  # stop strings (the check decodes a window as long as the longest, per token)
 MAX_STOP_CHARS = 4096
 MAX_STOP_TOKEN_IDS = 1024
+MAX_STOP_REGEX = 16  # patterns searched in the output's recent text after every token
+STOP_REGEX_WINDOW = 64  # tokens of recent output a stop_regex is searched in
 CONSTRAINTS = ("regex", "json_schema", "choices")
 KNOWN = frozenset(Sampling.__struct_fields__) - {"constraint"} | {*CONSTRAINTS, "n"}
 
@@ -29,8 +32,9 @@ def parse_sampling(d: dict[str, Any] | None, has_tokenizer: bool = True) -> Samp
     if unknown:
         raise ValueError(f"unknown sampling parameter(s) {unknown}; known: {sorted(KNOWN)}")
     d = {k: v for k, v in d.items() if v is not None}
-    if isinstance(d.get("stop"), str):
-        d["stop"] = [d["stop"]]
+    for key in ("stop", "stop_regex"):
+        if isinstance(d.get(key), str):
+            d[key] = [d[key]]
     _int_range("n", d.pop("n", 1), 1, MAX_N)
     spec = {k: d.pop(k) for k in CONSTRAINTS if k in d}
     values = {**msgspec.structs.asdict(Sampling()), **d}
@@ -73,6 +77,7 @@ def _check_ranges(v: dict[str, Any]) -> None:
             f"stop must hold at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} "
             f"characters, got {len(stop)} of up to {max(map(len, stop))}"
         )
+    _check_stop_regex(v["stop_regex"])
     ids = v["stop_token_ids"]
     if not isinstance(ids, list) or not all(
         isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= INT32_MAX for t in ids
@@ -91,8 +96,27 @@ def _check_ranges(v: dict[str, Any]) -> None:
         )
 
 
+def _check_stop_regex(patterns: Any) -> None:
+    if not isinstance(patterns, list) or not all(isinstance(p, str) and p for p in patterns):
+        raise ValueError(
+            f"stop_regex must be a non-empty string or a list of them, got {patterns!r}"
+        )
+    if len(patterns) > MAX_STOP_REGEX or any(len(p) > MAX_STOP_CHARS for p in patterns):
+        raise ValueError(
+            f"stop_regex must hold at most {MAX_STOP_REGEX} patterns of at most "
+            f"{MAX_STOP_CHARS} characters"
+        )
+    for pattern in patterns:
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise ValueError(f"stop_regex {pattern!r} is not a valid regex: {e}") from None
+
+
 def _check_without_tokenizer(v: dict[str, Any], spec: dict[str, Any]) -> None:
     """Raise for the fields that only work with a tokenizer (``skip_tokenizer_init``)."""
+    if v["stop_regex"]:
+        raise ValueError("stop_regex is unavailable with skip_tokenizer_init: use stop_token_ids")
     if v["stop"]:
         raise ValueError(
             "stop is unavailable with skip_tokenizer_init (no tokenizer to match strings "

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+import re
 import time
 
 import torch
 
 from radixlm.runtime.messages import Finish, OutMeta, TokenOut
+from radixlm.runtime.sampling.params import STOP_REGEX_WINDOW
 from radixlm.runtime.scheduler.batch_builder import LogitRows
 from radixlm.runtime.scheduler.req import Req
 
@@ -30,6 +33,10 @@ class StopChecker:
             matched = self._stop_string(req)
             if matched is not None:
                 return Finish.stop(matched)
+        if p.stop_regex:
+            matched = self._stop_regex(req)
+            if matched is not None:
+                return Finish.stop(matched)
         if n >= p.max_new_tokens or req.seq_len >= self.context_len:
             return Finish.length_limit(n)
         return None
@@ -41,12 +48,23 @@ class StopChecker:
         hits = [(tail.find(s), s) for s in req.params.stop if s in tail]
         return min(hits)[1] if hits else None
 
+    def _stop_regex(self, req: Req) -> str | None:
+        """The text the earliest-matching ``stop_regex`` matched in the recent output."""
+        tail = self.tokenizer.decode(req.output_ids[-STOP_REGEX_WINDOW:], skip_special_tokens=False)
+        hits = [m for m in (_compiled(p).search(tail) for p in req.params.stop_regex) if m]
+        return min(hits, key=lambda m: m.start()).group(0) if hits else None
+
     def banned_ids(self, req: Req) -> list[int]:
         """Stop tokens are not allowed before ``min_new_tokens``."""
         if len(req.output_ids) >= req.params.min_new_tokens:
             return []
         eos = [] if req.params.ignore_eos else sorted(self.eos_ids)
         return eos + list(req.params.stop_token_ids)
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(pattern: str) -> re.Pattern:
+    return re.compile(pattern)
 
 
 def record_prompt_logprobs(rows: list[LogitRows], logits: torch.Tensor) -> None:

@@ -52,7 +52,8 @@ class NgramDrafter:
         """The next token depends on the raw logits only (no penalties, banned tokens, grammar
         masks): the verification sees the same distribution as a plain step."""
         return (
-            params.repetition_penalty == 1.0
+            params.speculative
+            and params.repetition_penalty == 1.0
             and params.frequency_penalty == 0.0
             and params.presence_penalty == 0.0
             and not banned

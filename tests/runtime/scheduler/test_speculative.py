@@ -37,6 +37,7 @@ def test_only_requests_on_raw_logits_draft():
     assert ok(greedy, [], False, False) and ok(Sampling(temperature=0.7, top_k=5), [], False, False)
     assert not ok(Sampling(temperature=0.0, repetition_penalty=1.2), [], False, False)
     assert not ok(Sampling(frequency_penalty=0.5), [], False, False)
+    assert not ok(Sampling(temperature=0.0, speculative=False), [], False, False)  # opted out
     assert not ok(greedy, [2], False, False)  # min_new_tokens bans EOS
     assert not ok(greedy, [], True, False) and not ok(greedy, [], False, True)
 
@@ -158,6 +159,17 @@ def test_sampled_tokens_keep_their_distribution(engines):
     assert 0 < accepted < drafted  # both outcomes occurred
     stat, dof = chi2_two_samples(*counts)
     assert stat < CHI2_999[min(dof, 8)], (stat, dof, counts)
+
+
+def test_a_request_can_opt_out(engines):
+    spec = engines[1]
+    before = spec.get_server_info()["stats"]["spec_steps"]
+    params = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True, "speculative": False}
+    a, b = both(engines, PROMPTS[0], params)
+    assert a["output_ids"] == b["output_ids"]
+    assert spec.get_server_info()["stats"]["spec_steps"] == before
+    with pytest.raises(ValueError, match="speculative"):
+        spec.generate(PROMPTS[0], {"speculative": "no"})
 
 
 def test_no_kv_slot_leaks_after_aborts(engines):
