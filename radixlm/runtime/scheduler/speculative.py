@@ -21,12 +21,16 @@ from dataclasses import dataclass, field
 import torch
 
 from radixlm.runtime.messages import Sampling
+from radixlm.runtime.models.quant import MAX_INT4_ROWS
+from radixlm.runtime.models.quant_head import MAX_INT8_HEAD_ROWS
 from radixlm.runtime.sampling.sampler import filtered_probs
 
-# NOTE: a step of at most this many tokens runs the int4 decode weights on CPU (models/quant.py),
-# so drafted steps stay within it: verifying costs about one decode step, and greedy tokens
-# come from the same weights as without speculation.
-MAX_STEP_TOKENS = 8
+# NOTE: drafted steps stay within the CPU decode copies' sizes: at most 8 tokens run the int4
+# layer weights (models/quant.py) and at most 4 logit rows the int8 LM head (quant_head.py), so
+# verifying costs about one decode step. Past 4 rows the bf16 head doubles the head's cost,
+# which low acceptance does not repay (bench_spec.py: chat, 4 streams, 0.76x); so a step of 4
+# or more decodes drafts nothing.
+MAX_STEP_TOKENS = min(MAX_INT4_ROWS, MAX_INT8_HEAD_ROWS)
 
 
 @dataclass
@@ -36,9 +40,24 @@ class DraftState:
     k: int
     index: list[dict[tuple[int, ...], int]] = field(default_factory=list)  # per n: gram -> end
     indexed: int = 0  # tokens whose n-grams ending there are indexed
+    pause: int = 0  # decode steps left without drafting
+    misses: int = 0  # drafts in a row of which nothing was accepted
 
     def update(self, drafted: int, accepted: int, k_max: int) -> None:
+        """Grow after a fully kept draft, shrink to what was kept otherwise; after drafts that
+        keep nothing, pause for a while (longer each time): a verify step costs more than a
+        decode step, so a request whose text is not predictable stops paying for it."""
         self.k = min(k_max, self.k + 1) if accepted == drafted else max(1, accepted + 1)
+        self.misses = 0 if accepted else self.misses + 1
+        if self.misses >= 2:
+            self.pause = min(64, 4 << (self.misses - 2))
+
+    def ready(self) -> bool:
+        """Whether to draft this step (counts down a pause)."""
+        if self.pause:
+            self.pause -= 1
+            return False
+        return True
 
 
 class NgramDrafter:
@@ -125,6 +144,8 @@ class Speculator:
                                          req.logprob is not None):  # fmt: skip
                 continue
             req.spec = req.spec or DraftState(self.drafter.k_max)
+            if not req.spec.ready():
+                continue
             room = min(req.params.max_new_tokens - len(req.output_ids),
                        context_len - req.seq_len) - 1  # fmt: skip
             k = min(req.spec.k, budget, room)

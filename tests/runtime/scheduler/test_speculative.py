@@ -42,12 +42,18 @@ def test_only_requests_on_raw_logits_draft():
     assert not ok(greedy, [], True, False) and not ok(greedy, [], False, True)
 
 
-def test_draft_length_adapts():
+def test_draft_length_adapts_and_pauses_after_misses():
     state = DraftState(4)
     state.update(drafted=4, accepted=1, k_max=6)
     assert state.k == 2
     state.update(drafted=2, accepted=2, k_max=6)
-    assert state.k == 3
+    assert state.k == 3 and state.ready()
+    state.update(drafted=3, accepted=0, k_max=6)
+    assert state.ready()  # one miss: keep trying
+    state.update(drafted=1, accepted=0, k_max=6)
+    assert [state.ready() for _ in range(5)] == [False] * 4 + [True]
+    state.update(drafted=1, accepted=0, k_max=6)
+    assert sum(not state.ready() for _ in range(9)) == 8  # the pause doubles
 
 
 @pytest.fixture(scope="module")
