@@ -8,8 +8,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import ValidationError
 
 from radixlm.runtime.io_struct import GenerateInput, SingleRequest
 from radixlm.runtime.tokenizer_manager import EngineDeadError, SchedulerTimeoutError, check_text
@@ -136,11 +138,24 @@ async def get_server_info(request: Request) -> dict[str, Any]:
     return {**info, "served_model_name": state.served_model_name, "requests_in_flight": in_flight}
 
 
-@router.post("/flush_cache")
-async def flush_cache(request: Request, body: FlushCacheRequest | None = None) -> dict[str, Any]:
+FLUSH_BODY = {  # NOTE: an optional body: a bare POST (SGLang's clients send none) flushes memory
+    "requestBody": {
+        "required": False,
+        "content": {"application/json": {"schema": FlushCacheRequest.model_json_schema()}},
+    }
+}
+
+
+@router.post("/flush_cache", openapi_extra=FLUSH_BODY)
+async def flush_cache(request: Request) -> dict[str, Any]:
     """Empty the radix cache (``{"tiers": ["memory", "disk"]}``: the disk tier too); the memory
     tier is refused (409) while requests run."""
-    tiers = (body or FlushCacheRequest()).tiers
+    raw = (await request.body()).strip()
+    try:
+        body = FlushCacheRequest.model_validate_json(raw) if raw else FlushCacheRequest()
+    except ValidationError as e:
+        raise RequestValidationError(e.errors()) from None
+    tiers = body.tiers
     if not await server_state(request).runtime.flush_cache(tuple(tiers)):
         raise APIError(409, "cannot flush the cache while requests are running")
     return {"success": True, "tiers": tiers}

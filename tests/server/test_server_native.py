@@ -88,7 +88,7 @@ def test_flush_cache_empties_the_radix_tree(tiny_client):
     tiny_client.post("/generate", json={"text": "cache me " * 8, "sampling_params": GREEDY})
     before = tiny_client.get("/get_server_info").json()["stats"]
     assert before["evictable_tokens"] > 0
-    assert tiny_client.post("/flush_cache").json() == {"success": True}
+    assert tiny_client.post("/flush_cache").json() == {"success": True, "tiers": ["memory"]}
     after = tiny_client.get("/get_server_info").json()["stats"]
     assert after["evictable_tokens"] == 0 and after["free_tokens"] == after["max_total_tokens"]
 

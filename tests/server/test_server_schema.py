@@ -10,7 +10,11 @@ from radixlm.server.app import create_app
 
 schemathesis = pytest.importorskip("schemathesis")
 
-schema = schemathesis.openapi.from_dict(create_app(ServerArgs()).openapi())
+# NOTE: /cache/tree/stream never ends by design (the web page follows it); the tree route it
+# repeats is fuzzed as /cache/tree
+schema = schemathesis.openapi.from_dict(create_app(ServerArgs()).openapi()).exclude(
+    path="/cache/tree/stream"
+)
 LIMITS = {"max_tokens": 8, "max_completion_tokens": 8, "max_new_tokens": 8, "n": 3}
 # NOTE: grammar tests live elsewhere (tool_choice and strict tools compile call grammars)
 CONSTRAINTS = ("regex", "json_schema", "response_format", "tool_choice", "strict")
@@ -52,4 +56,9 @@ def test_no_server_errors(case, tiny_server):
     case.body = bounded(case.body)
     response = case.call(base_url=tiny_server.url, timeout=60)
     assert response.status_code < 500, (case.method, case.path, case.body, response.text)
-    case.validate_response(response, excluded_checks=SLOW_CHECKS)
+    excluded = list(SLOW_CHECKS)
+    if case.path == "/flush_cache" and not isinstance(case.body, (dict, list, str, int, float)):
+        # NOTE: its body is optional (a bare POST flushes memory, as SGLang's clients send it);
+        # schemathesis' negative phase still counts an omitted optional body as invalid
+        excluded.append(schemathesis.checks.negative_data_rejection)
+    case.validate_response(response, excluded_checks=excluded)

@@ -24,11 +24,12 @@ class LogprobState:
 
 def salt_offset(cache_salt: str | None) -> int:
     """What a ``cache_salt`` adds to every token id of a tree key: a multiple of 2**32 (token
-    ids are below it), distinct per salt up to a 48-bit hash."""
+    ids are below it) from a 30-bit hash of the salt, so that salted keys still fit the int64
+    the wire, the KV events and the disk tier carry them in."""
     if cache_salt is None:
         return 0
-    h = hashlib.blake2b(cache_salt.encode("utf-8", "surrogatepass"), digest_size=6).digest()
-    return (int.from_bytes(h, "little") + 1) << 32
+    h = hashlib.blake2b(cache_salt.encode("utf-8", "surrogatepass"), digest_size=4).digest()
+    return ((int.from_bytes(h, "little") & (2**30 - 1)) + 1) << 32
 
 
 @dataclass(eq=False)

@@ -22,9 +22,10 @@ def test_different_salts_never_share_and_the_same_salt_does(tiny_engine):
     assert cached(tiny_engine, None) > 0
 
 
-def test_salted_output_is_the_same_text():
+def test_salt_offsets_fit_int64():
     assert salt_offset(None) == 0
     assert salt_offset("a") != salt_offset("b") and salt_offset("a") % (1 << 32) == 0
+    assert all(0 < salt_offset(str(i)) + (1 << 32) <= 2**63 - 1 for i in range(1000))
 
 
 def test_salt_does_not_change_greedy_output(tiny_engine):
