@@ -28,6 +28,7 @@ from radixlm.runtime.tokenizer_manager import (
     QueueFullError,
     RidInFlightError,
     SchedulerTimeoutError,
+    last_response,
     tokenize,
 )
 
@@ -128,10 +129,7 @@ class RayManager:
         self.on_timing("e2e", time.monotonic() - call.created)
 
     async def generate_one(self, req: SingleRequest) -> dict[str, Any]:
-        last = None
-        async for last in self.generate(req):  # noqa: B007
-            pass
-        return last
+        return await last_response(self.generate(req))
 
     def abort(self, rid: str) -> list[str]:
         hits = [c for c in self.states.values() if rid in (c.req.rid, c.req.group)]

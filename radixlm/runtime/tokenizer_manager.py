@@ -86,6 +86,14 @@ def check_text(field: str, text: str) -> None:
 
 
 
+async def last_response(responses: AsyncIterator[dict[str, Any]]) -> dict[str, Any]:
+    """The last of a request's responses: the finished one."""
+    last = None
+    async for last in responses:  # noqa: B007
+        pass
+    return last
+
+
 async def tokenize(tokenizer, req: SingleRequest) -> SingleRequest:
     """``req`` with its text tokenised; long texts on a worker thread, so that one huge
     prompt does not stall every other client on the event loop."""
@@ -229,10 +237,7 @@ class TokenizerManager:
                 ipc.send(self.to_scheduler, AbortReq(msg.rid))
 
     async def generate_one(self, req: SingleRequest) -> dict[str, Any]:
-        response = None
-        async for response in self.generate(req):  # noqa: B007  (the last one is the result)
-            pass
-        return response
+        return await last_response(self.generate(req))
 
     def abort(self, rid: str) -> list[str]:
         """Abort the request ``rid`` in flight, or the samples of the ``n`` request ``rid``

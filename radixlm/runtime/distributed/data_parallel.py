@@ -20,7 +20,11 @@ from radixlm.runtime.distributed.router import Router
 from radixlm.runtime.io_struct import SingleRequest
 from radixlm.runtime.launcher import Backend, launch
 from radixlm.runtime.messages import ControlOut, GenerateReq
-from radixlm.runtime.tokenizer_manager import RidInFlightError, TokenizerManager
+from radixlm.runtime.tokenizer_manager import (
+    RidInFlightError,
+    TokenizerManager,
+    last_response,
+)
 
 
 class ReplicaSet:
@@ -132,10 +136,7 @@ class DataParallelManager:
             self.router.done(replica)
 
     async def generate_one(self, req: SingleRequest) -> dict[str, Any]:
-        last = None
-        async for last in self.generate(req):  # noqa: B007
-            pass
-        return last
+        return await last_response(self.generate(req))
 
     def abort(self, rid: str) -> list[str]:
         return [r for manager in self.managers for r in manager.abort(rid)]
