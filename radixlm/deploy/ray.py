@@ -141,17 +141,22 @@ def _replica_options(args: ServerArgs, options: RayOptions) -> dict[str, Any]:
             request_router_class=PrefixAffinityRouter,
             request_router_kwargs={"policy": args.load_balance_method},
         )
+    gpus = args.tp_size if _wants_gpus(args) else 0  # NOTE: Ray hides GPUs it did not grant
     if args.tp_size > 1:  # NOTE: the ranks are child processes: one bundle, on one node
-        gpus = args.tp_size if args.device in ("cuda", "auto") and _has_gpus() else 0
         bundle = {"CPU": options.num_cpus_per_replica * args.tp_size, "GPU": gpus}
         out["ray_actor_options"] = {}
         out["placement_group_bundles"] = [{k: v for k, v in bundle.items() if v}]
         out["placement_group_strategy"] = "STRICT_PACK"
+    elif gpus:
+        out["ray_actor_options"]["num_gpus"] = gpus
     return out
 
 
-def _has_gpus() -> bool:
-    return ray.is_initialized() and ray.cluster_resources().get("GPU", 0) > 0
+def _wants_gpus(args: ServerArgs) -> bool:
+    if args.device == "cuda":
+        return True
+    auto = args.device == "auto" and ray.is_initialized()
+    return auto and ray.cluster_resources().get("GPU", 0) > 0
 
 
 # -- command line ------------------------------------------------------------------------------

@@ -65,12 +65,12 @@ async def cache_tree_stream(
 
 
 async def _tree(state: ServerState, max_nodes: int) -> dict[str, Any]:
-    out = await state.runtime.manager.control("tree", data={"max_nodes": max_nodes})
+    # NOTE: one node more than asked for tells whether the tree has more
+    out = await state.runtime.manager.control("tree", data={"max_nodes": max_nodes + 1})
     data = dict(out.data)
-    clock = data["clock"]
-    nodes = [_node(state, n, clock) for n in data.pop("nodes")]
-    data["truncated"] = len(nodes) > max_nodes  # NOTE: the root plus max_nodes + 1 at most
-    data["nodes"] = nodes[: max_nodes + 1]
+    nodes = data.pop("nodes")
+    data["truncated"] = len(nodes) > max_nodes + 1  # the root and max_nodes + 1 nodes
+    data["nodes"] = [_node(state, n, data["clock"]) for n in nodes[: max_nodes + 1]]
     return data
 
 

@@ -35,6 +35,10 @@ def test_autoscaling_power_of_two_and_tensor_parallel_options():
     assert "num_replicas" not in out and "request_router_config" not in out
     assert out["placement_group_bundles"] == [{"CPU": 2.0}]
     assert out["max_queued_requests"] == 10
+    args, options = parse_ray_args(["--device", "cuda", "--tp-size", "2"])
+    assert _replica_options(args, options)["placement_group_bundles"] == [{"CPU": 2.0, "GPU": 2}]
+    args, options = parse_ray_args(["--device", "cuda"])
+    assert _replica_options(args, options)["ray_actor_options"] == {"num_cpus": 1.0, "num_gpus": 1}
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 MAGIC = b"RLMKV002"
 PINS = "pinned"  # hex hashes, one per line: blocks the budget never removes
+STALE_TMP_S = 600  # a temporary file this old belongs to no live writer
 HEADER = struct.Struct("<8s16sqiqI")  # magic, model key, hash, tokens, payload bytes, crc32
 SUFFIX = ".kv"
 
@@ -179,7 +180,7 @@ class DiskStore:
         header = HEADER.pack(MAGIC, self.key, h, len(ids) // 8, len(payload),
                              _checksum(ids, payload))  # fmt: skip
         path = self._path(h)
-        tmp = f"{path}.{threading.get_ident()}.tmp"
+        tmp = f"{path}.{os.getpid()}.tmp"  # NOTE: one writer thread per process
         with open(tmp, "wb") as f:
             f.write(header + ids + payload)
         os.replace(tmp, path)
@@ -257,7 +258,8 @@ class DiskStore:
         found = []
         for entry in os.scandir(self.dir):
             if entry.name.endswith(".tmp"):
-                os.unlink(entry.path)  # NOTE: a write the last process did not finish
+                if time.time() - entry.stat().st_mtime > STALE_TMP_S:
+                    os.unlink(entry.path)  # NOTE: a write a stopped process did not finish
             elif entry.name.endswith(SUFFIX):
                 stat = entry.stat()
                 h = _signed(int(entry.name.removesuffix(SUFFIX), 16))
