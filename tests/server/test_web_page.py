@@ -26,6 +26,9 @@ def test_cache_tree_bounds_nodes_and_shows_text(tiny_client):
     assert tree["truncated"] and len(tree["nodes"]) == 4  # the root and three nodes
     full = tiny_client.get("/cache/tree").json()
     assert not full["truncated"]
+    n = len(full["nodes"]) - 1  # NOTE: the exact count is not truncated, one less is
+    assert not tiny_client.get("/cache/tree", params={"max_nodes": n}).json()["truncated"]
+    assert tiny_client.get("/cache/tree", params={"max_nodes": n - 1}).json()["truncated"]
     root = full["nodes"][0]
     assert root["parent"] is None and root["tokens"] == 0
     texts = [n["text"] for n in full["nodes"] if n["parent"] == root["id"]]
