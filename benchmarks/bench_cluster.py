@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import random
-import socket
 import statistics
 import sys
 import time
@@ -24,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import httpx  # noqa: E402
+from bench_serving import free_port  # noqa: E402
 from common import bar_chart, log, save  # noqa: E402
 from prefix_workload import few_shot_prefix, questions  # noqa: E402
 
@@ -89,12 +89,6 @@ def run_config(name: str, url: str, prompts: list[str], args) -> dict:
     log(f"  {result['req_s']:.2f} req/s, TTFT p50 {result['ttft_p50_s']:.2f} s, "
         f"hit rate {result['hit_rate']:.1%}")  # fmt: skip
     return result
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ import torch
 
 from radixlm.runtime.mem_cache.disk_tier import DiskTier
 from radixlm.runtime.mem_cache.memory_pool import ReqToTokenPool, SlotAllocator
-from radixlm.runtime.mem_cache.radix_cache import RadixCache
+from radixlm.runtime.mem_cache.radix_cache import RadixCache, TreeNode
 from radixlm.runtime.scheduler.req import Req
 
 
@@ -46,9 +46,9 @@ class CacheManager:
         req.slot, req.kv_len, req.tree_len, req.node = slot, 0, 0, None
         if self.tree is not None:
             key = req.cache_key(req.max_match_len)
-            if self.disk is not None:
-                self._restore(key)
             slots, node = self.tree.match_prefix(key)
+            if self.disk is not None:
+                slots, node = self._restore(key, slots, node)
             self.tree.lock(node)
             req.node, req.kv_len, req.tree_len = node, len(slots), len(slots)
             self.req_pool.table[slot, : len(slots)] = slots.to(self.req_pool.table.device)
@@ -58,20 +58,23 @@ class CacheManager:
             self.queried_tokens += len(req.input_ids)
         return True
 
-    def _restore(self, key: list[int]) -> None:
-        """Extend the tree's match of ``key`` with the blocks the disk tier holds."""
-        slots, node = self.tree.match_prefix(key)
+    def _restore(
+        self, key: list[int], slots: torch.Tensor, node: TreeNode
+    ) -> tuple[torch.Tensor, TreeNode]:
+        """Extend the tree's match ``(slots, node)`` of ``key`` with the blocks the disk tier
+        holds; returns the match afterwards."""
         self.tree.lock(node)  # NOTE: the eviction that makes room must not take this prefix
         try:
             got = self.disk.restore(key, len(slots), self.alloc)
         finally:
             self.tree.unlock(node)
         if got is None:
-            return
+            return slots, node
         end = got.start + len(got.slots)
         present = self.tree.insert(key[:end], torch.cat([slots, got.slots]))
         if present > got.start:  # NOTE: cannot happen on one thread; keeps the invariant anyway
             self.allocator.free(got.slots[: present - got.start])
+        return self.tree.match_prefix(key)
 
     def alloc(self, n: int) -> torch.Tensor | None:
         """``n`` free KV slots, evicting unlocked cache entries if needed; None if impossible."""

@@ -77,9 +77,11 @@ class DiskTier:
     def restore(self, ids: list[int], matched: int, alloc) -> Restored | None:
         """Load the stored blocks of ``ids`` that follow its first ``matched`` tokens into
         slots from ``alloc(n)``; None when the disk has none (or no slots are free)."""
+        first = matched // self.block
+        if first >= len(ids) // self.block:
+            return None  # NOTE: the match covers every whole block: nothing to hash or read
         start_time = time.perf_counter()
         hashes = block_hashes(ids, self.block)
-        first = matched // self.block
         payloads = []
         for i in range(first, len(hashes)):
             payload = self.store.get(hashes[i], ids[i * self.block : (i + 1) * self.block])

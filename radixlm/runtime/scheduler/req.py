@@ -32,6 +32,11 @@ def salt_offset(cache_salt: str | None) -> int:
     return ((int.from_bytes(h, "little") & (2**30 - 1)) + 1) << 32
 
 
+def salted(ids: list[int], salt: int) -> list[int]:
+    """The tree key of ``ids`` under a ``salt_offset``."""
+    return [t + salt for t in ids] if salt else ids
+
+
 @dataclass(eq=False)
 class Req:
     """One generation request.
@@ -68,8 +73,7 @@ class Req:
     def cache_key(self, n: int) -> list[int]:
         """The radix-tree key of ``fill_ids[:n]``: the ids themselves, or shifted past every
         token id by the salt, so that requests of different salts never share a prefix."""
-        ids = self.tokens(0, n)
-        return [t + self.salt for t in ids] if self.salt else ids
+        return salted(self.tokens(0, n), self.salt)
 
     def tokens(self, start: int, end: int) -> list[int]:
         """``fill_ids[start:end]`` without building ``fill_ids`` (a decode step reads one token)."""

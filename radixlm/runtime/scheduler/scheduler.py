@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -32,7 +33,7 @@ from radixlm.runtime.scheduler.batch_builder import LogitRows, build_batch
 from radixlm.runtime.scheduler.grammar_queue import GrammarQueue
 from radixlm.runtime.scheduler.output import StopChecker, record_prompt_logprobs, token_out
 from radixlm.runtime.scheduler.policy import get_policy
-from radixlm.runtime.scheduler.req import LogprobState, Req, salt_offset
+from radixlm.runtime.scheduler.req import LogprobState, Req, salt_offset, salted
 from radixlm.runtime.scheduler.speculative import Speculator
 from radixlm.runtime.scheduler.stats import SchedulerStats
 
@@ -112,29 +113,28 @@ class Scheduler:
         self.outbox.append(token_out(req))
 
     def control(self, msg: ControlReq) -> ControlOut:
-        if msg.kind == "flush_cache":
-            if self.running or self.waiting:
-                return ControlOut(msg.cid, False, {"message": "cannot flush while requests run"})
-            self.cache.flush()
-            return ControlOut(msg.cid, True, {})
-        if msg.kind == "flush_disk_cache":
-            if self.cache.disk is not None:
-                self.cache.disk.store.clear()
-            return ControlOut(msg.cid, True, {})
-        if msg.kind == "tree":
-            return ControlOut(msg.cid, True, self.tree_view((msg.data or {}).get("max_nodes", 200)))
-        if msg.kind == "pin_prefix":
-            if self.cache.disk is None:
-                return ControlOut(msg.cid, False, {"message": "pinning needs --kv-disk-cache"})
-            data = msg.data or {}
-            salt = salt_offset(data.get("cache_salt"))
-            key = [t + salt for t in data.get("input_ids", [])]
-            return ControlOut(msg.cid, True, {"pinned_tokens": self.cache.disk.pin(key)})
-        if msg.kind == "stats":
-            return ControlOut(msg.cid, True, self.stats_dict())
-        if msg.kind == "ping":  # NOTE: the watchdog's; answered between steps, costs nothing
-            return ControlOut(msg.cid, True, {})
-        return ControlOut(msg.cid, False, {"message": f"unknown control request {msg.kind!r}"})
+        handler = _CONTROLS.get(msg.kind)
+        if handler is None:
+            return ControlOut(msg.cid, False, {"message": f"unknown control request {msg.kind!r}"})
+        ok, data = handler(self, msg.data or {})
+        return ControlOut(msg.cid, ok, data)
+
+    def _flush_memory(self, _: dict) -> tuple[bool, dict]:
+        if self.running or self.waiting:
+            return False, {"message": "cannot flush while requests run"}
+        self.cache.flush()
+        return True, {}
+
+    def _flush_disk(self, _: dict) -> tuple[bool, dict]:
+        if self.cache.disk is not None:
+            self.cache.disk.store.clear()
+        return True, {}
+
+    def _pin_prefix(self, data: dict) -> tuple[bool, dict]:
+        if self.cache.disk is None:
+            return False, {"message": "pinning needs --kv-disk-cache"}
+        key = salted(data.get("input_ids", []), salt_offset(data.get("cache_salt")))
+        return True, {"pinned_tokens": self.cache.disk.pin(key)}
 
     # -- one step ------------------------------------------------------------------------------
 
@@ -323,6 +323,17 @@ class Scheduler:
             logger.exception("KV invariant broken")
             return False
         return True
+
+
+# NOTE: the watchdog's ping is answered between steps, so it costs nothing
+_CONTROLS: dict[str, Callable[[Scheduler, dict], tuple[bool, dict]]] = {
+    "flush_cache": Scheduler._flush_memory,
+    "flush_disk_cache": Scheduler._flush_disk,
+    "pin_prefix": Scheduler._pin_prefix,
+    "tree": lambda s, data: (True, s.tree_view(data.get("max_nodes", 200))),
+    "stats": lambda s, _: (True, s.stats_dict()),
+    "ping": lambda s, _: (True, {}),
+}
 
 
 def _generating(sampled: list[LogitRows]) -> list[LogitRows]:
