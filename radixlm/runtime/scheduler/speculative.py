@@ -24,6 +24,7 @@ from radixlm.runtime.messages import Sampling
 from radixlm.runtime.models.quant import MAX_INT4_ROWS
 from radixlm.runtime.models.quant_head import MAX_INT8_HEAD_ROWS
 from radixlm.runtime.sampling.sampler import filtered_probs
+from radixlm.runtime.scheduler.req import salted
 
 # NOTE: drafted steps stay within the CPU decode copies' sizes: at most 8 tokens run the int4
 # layer weights (models/quant.py) and at most 4 logit rows the int8 LM head (quant_head.py), so
@@ -159,11 +160,12 @@ class Speculator:
     def _propose(self, req, k: int, tree) -> list[int]:
         """What the radix tree holds after this request's tokens (another request's output for
         the same prefix), else an n-gram draft from its own tokens."""
+        ids = req.fill_ids  # NOTE: built once per step; the tree key is these ids salted
         if tree is not None:
-            draft = tree.continuation(req.cache_key(req.seq_len), k)
+            draft = tree.continuation(salted(ids, req.salt), k)
             if draft:
                 return [t - req.salt for t in draft]
-        return self.drafter.propose(req.spec, req.fill_ids, k)
+        return self.drafter.propose(req.spec, ids, k)
 
     @staticmethod
     def _sampled(req, logits: torch.Tensor, draft: list[int]) -> list[int]:
