@@ -106,8 +106,7 @@ def test_openai_client_through_the_ray_proxy(cluster):
 def test_probes_and_merged_stats(client):
     assert client.get("/health").status_code == 200
     assert client.get("/ready").status_code == 200
-    stats = client.get("/get_server_info").json()["stats"]
-    assert len(stats["replicas"]) == 2  # NOTE: control requests reach every replica
+    stats = stats_of_both_replicas(client)  # NOTE: control requests reach every replica
     assert stats["max_total_tokens"] == 2 * ARGS.max_total_tokens
 
 
@@ -145,7 +144,7 @@ def test_a_killed_replica_loses_no_request_and_comes_back(client):
         time.sleep(1)
     else:
         raise AssertionError(f"Ray did not replace replica {victim}: {replica_ids()}")
-    assert len(client.get("/get_server_info").json()["stats"]["replicas"]) == 2
+    stats_of_both_replicas(client)
 
 
 def test_prefix_affinity_hit_rate_beats_round_robin(cluster, client):
@@ -155,6 +154,18 @@ def test_prefix_affinity_hit_rate_beats_round_robin(cluster, client):
     _, round_robin = run_workload(client)
     print(f"hit rate: prefix affinity {affinity:.1%}, round robin {round_robin:.1%}")
     assert affinity >= 1.5 * round_robin, (affinity, round_robin)
+
+
+def stats_of_both_replicas(client: httpx.Client, within: float = 60.0) -> dict:
+    """The merged stats once they include both replicas. The ingress learns Ray's replica set
+    by long poll, so a replica that Serve reports running joins the broadcast a moment later."""
+    deadline = time.monotonic() + within
+    while True:
+        stats = client.get("/get_server_info").json()["stats"]
+        if len(stats["replicas"]) == 2 or time.monotonic() > deadline:
+            assert len(stats["replicas"]) == 2, stats["replicas"]
+            return stats
+        time.sleep(0.5)
 
 
 def replica_ids() -> dict[str, str]:
