@@ -1,4 +1,5 @@
-"""OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions."""
+"""OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions (and the chat
+call that /v1/responses serves through)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ router = APIRouter(prefix="/v1", tags=["openai"], responses=ERROR_RESPONSES)
 
 
 @dataclass
-class _Call:
+class Call:
     """One OpenAI call being served: its requests and how to label its responses."""
 
     state: ServerState
@@ -91,7 +92,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
         call = _start(request, body, fmt.completion_input(body), "completion")
         if body.stream:
             return await sse_response(request, _completion_frames(call))
-        results = await _finished(request, call)
+        results = await finished(request, call)
         choices = [_completion_choice(call, i, r) for i, r in enumerate(results)]
         return {**call.envelope("text_completion", choices), "usage": fmt.usage(results, body.n)}
     except ValueError as e:
@@ -102,30 +103,36 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
     """Chat completion through the model's chat template (or ``--chat-template``)."""
     try:
-        state = server_state(request)
-        if state.tokenizer is None:
-            raise ValueError(
-                "messages are unavailable: the server runs with --skip-tokenizer-init (no "
-                "tokenizer for the chat template); send token ids to /v1/completions"
-            )
-        template = template_text(state.tokenizer, state.chat_template)
-        args = state.args
-        plan = plan_chat(
-            body, template, args.tool_call_parser, args.reasoning_parser,
-            args.constrained_json_whitespace_pattern,
-        )
-        obj = await _off_loop_if_long(
-            body, fmt.chat_input, body, state.tokenizer, state.chat_template, plan,
-            args.constrained_json_whitespace_pattern,
-        )
-        call = _start(request, body, obj, "chat", plan)
+        call = await chat_call(request, body)
         if body.stream:
             return await sse_response(request, _chat_frames(call))
-        results = await _finished(request, call)
+        results = await finished(request, call)
         choices = [_chat_choice(call, i, r) for i, r in enumerate(results)]
         return {**call.envelope("chat.completion", choices), "usage": fmt.usage(results, body.n)}
     except ValueError as e:
         raise APIError(400, *fmt.openai_message(str(e))) from None
+
+
+async def chat_call(request: Request, body: ChatCompletionRequest) -> Call:
+    """The requests of a chat completion: tools and reasoning planned, messages rendered
+    through the chat template and tokenised (ValueError for bad input)."""
+    state = server_state(request)
+    if state.tokenizer is None:
+        raise ValueError(
+            "messages are unavailable: the server runs with --skip-tokenizer-init (no "
+            "tokenizer for the chat template); send token ids to /v1/completions"
+        )
+    template = template_text(state.tokenizer, state.chat_template)
+    args = state.args
+    plan = plan_chat(
+        body, template, args.tool_call_parser, args.reasoning_parser,
+        args.constrained_json_whitespace_pattern,
+    )
+    obj = await _off_loop_if_long(
+        body, fmt.chat_input, body, state.tokenizer, state.chat_template, plan,
+        args.constrained_json_whitespace_pattern,
+    )
+    return _start(request, body, obj, "chat", plan)
 
 
 async def _off_loop_if_long(body: ChatCompletionRequest, fn, *args):
@@ -143,7 +150,7 @@ def _start(
     obj: GenerateInput,
     kind: str,
     plan: ChatPlan | None = None,
-) -> _Call:
+) -> Call:
     state = server_state(request)
     state.check_model(body.model)
     if state.tokenizer is None:
@@ -153,14 +160,14 @@ def _start(
             "--skip-tokenizer-init; POST input_ids to /generate, which returns output_ids"
         )
     obj.cache_salt = tenant_salt(request, obj.cache_salt)
-    return _Call(state, body, obj.split(), kind, plan or ChatPlan())
+    return Call(state, body, obj.split(), kind, plan or ChatPlan())
 
 
-async def _finished(request: Request, call: _Call) -> list[dict]:
+async def finished(request: Request, call: Call) -> list[dict]:
     return await race_disconnect(request, collect(call.state.runtime, call.reqs))
 
 
-def _completion_choice(call: _Call, i: int, result: dict) -> dict[str, Any]:
+def _completion_choice(call: Call, i: int, result: dict) -> dict[str, Any]:
     body: CompletionRequest = call.body  # type: ignore[assignment]
     meta = result["meta_info"]
     prefix = call.prompt_text(i) if body.echo else ""
@@ -176,7 +183,7 @@ def _completion_choice(call: _Call, i: int, result: dict) -> dict[str, Any]:
     }
 
 
-def _chat_choice(call: _Call, i: int, result: dict) -> dict[str, Any]:
+def _chat_choice(call: Call, i: int, result: dict) -> dict[str, Any]:
     meta = result["meta_info"]
     body: ChatCompletionRequest = call.body  # type: ignore[assignment]
     message, has_calls = chat_message(call.plan, result["text"])
@@ -225,7 +232,7 @@ class _Progress:
         return not text and self.logprobs[i] == lp_start and not meta.get("finish_reason")
 
 
-async def _completion_frames(call: _Call) -> AsyncIterator[str]:
+async def _completion_frames(call: Call) -> AsyncIterator[str]:
     body: CompletionRequest = call.body  # type: ignore[assignment]
     progress = _Progress(len(call.reqs))
     async for i, chunk in generate_chunks(call.state.runtime, call.reqs):
@@ -249,7 +256,7 @@ async def _completion_frames(call: _Call) -> AsyncIterator[str]:
         yield frame
 
 
-async def _chat_frames(call: _Call) -> AsyncIterator[str]:
+async def _chat_frames(call: Call) -> AsyncIterator[str]:
     body: ChatCompletionRequest = call.body  # type: ignore[assignment]
     progress = _Progress(len(call.reqs))
     streams = [ChoiceStream(call.plan) for _ in call.reqs]
@@ -265,7 +272,7 @@ async def _chat_frames(call: _Call) -> AsyncIterator[str]:
         delta = streams[i].feed(text)
         finish = fmt.finish_reason(meta)
         if finish is not None:
-            delta = _joined(delta, streams[i].finish())
+            delta = joined(delta, streams[i].finish())
             finish = _chat_finish(meta, streams[i].has_calls)
         logprobs = fmt.chat_logprobs(meta, lp_start) if body.logprobs else None
         if not delta and finish is None and not (logprobs and logprobs["content"]):
@@ -278,7 +285,7 @@ async def _chat_frames(call: _Call) -> AsyncIterator[str]:
         yield frame
 
 
-def _joined(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+def joined(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     """Two deltas of one choice as one (text fields concatenated, call lists appended)."""
     out = dict(a)
     for key, value in b.items():
@@ -286,7 +293,7 @@ def _joined(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _chunk(call: _Call, obj: str, choice: dict[str, Any], progress: _Progress) -> dict[str, Any]:
+def _chunk(call: Call, obj: str, choice: dict[str, Any], progress: _Progress) -> dict[str, Any]:
     out = call.envelope(obj, [choice])
     if call.body.continuous_usage:  # NOTE: counts so far, over the choices heard from
         n = call.body.n
@@ -301,7 +308,7 @@ def _chunk(call: _Call, obj: str, choice: dict[str, Any], progress: _Progress) -
     return out
 
 
-async def _stream_end(call: _Call, progress: _Progress, obj: str) -> AsyncIterator[str]:
+async def _stream_end(call: Call, progress: _Progress, obj: str) -> AsyncIterator[str]:
     if call.body.include_usage and all(progress.final):
         results = [r for r in progress.final if r is not None]
         yield sse({**call.envelope(obj, []), "usage": fmt.usage(results, call.body.n)})

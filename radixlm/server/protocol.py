@@ -222,3 +222,55 @@ class ChatCompletionRequest(SamplingFields):
     continue_final_message: bool = False
     add_generation_prompt: bool | None = None  # None: not when continuing, else yes
     separate_reasoning: bool = True
+
+
+# -- OpenAI Responses -----------------------------------------------------------------------------
+
+
+class ResponseTextFormat(BaseModel):
+    """``text.format``: plain text, any JSON object, or JSON matching ``schema``."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
+    type: Literal["text", "json_object", "json_schema"]
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseTextConfig(BaseModel):
+    model_config = Strict
+    format: ResponseTextFormat | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None  # NOTE: a hint; not enforced
+
+
+class ResponsesRequest(SamplingFields):
+    """``POST /v1/responses``, stateless: the whole conversation comes in ``input``. Items are
+    checked field by field when they are translated (``responses_format.chat_request``)."""
+
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
+    text: ResponseTextConfig | None = None
+    include: list[Literal["message.output_text.logprobs", "reasoning.encrypted_content"]] | None = (
+        None
+    )
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    truncation: Literal["disabled", "auto"] | None = None
+    reasoning: dict[str, Any] | None = None  # NOTE: effort/summary are hints; not enforced
+    metadata: dict[str, str] | None = None
+    store: bool | None = None  # NOTE: nothing is stored; the response says store: false
+    # Need a response store, which this server does not keep: a clear 400 when set
+    previous_response_id: str | None = None
+    conversation: str | dict[str, Any] | None = None
+    background: bool | None = None
+    prompt: dict[str, Any] | None = None
+    # Accepted and not used (they steer OpenAI's own infrastructure)
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    service_tier: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    separate_reasoning: bool = True

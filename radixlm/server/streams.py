@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from starlette.requests import Request
@@ -17,7 +17,7 @@ from starlette.responses import StreamingResponse
 
 from radixlm.runtime.io_struct import SingleRequest
 from radixlm.runtime.runtime import Runtime
-from radixlm.server.errors import error_body, to_api_error
+from radixlm.server.errors import APIError, error_body, to_api_error
 
 T = TypeVar("T")
 DONE_FRAME = "data: [DONE]\n\n"
@@ -112,9 +112,19 @@ async def merge(iterators: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def sse_response(request: Request, frames: AsyncIterator[str]) -> StreamingResponse:
+def error_frames(err: APIError) -> list[str]:
+    """The end of a stream that failed: OpenAI's error body, then ``[DONE]``."""
+    return [sse(error_body(err.status, err.message, err.param, err.code)), DONE_FRAME]
+
+
+async def sse_response(
+    request: Request,
+    frames: AsyncIterator[str],
+    on_error: Callable[[APIError], list[str]] = error_frames,
+) -> StreamingResponse:
     """Stream ``frames`` as server-sent events. The first frame is awaited before answering, so
-    bad input still gets its HTTP error status; a later failure becomes an error frame."""
+    bad input still gets its HTTP error status; a later failure ends the stream with
+    ``on_error``'s frames."""
     first = await race_disconnect(request, anext(frames))
 
     async def body() -> AsyncIterator[str]:
@@ -123,9 +133,8 @@ async def sse_response(request: Request, frames: AsyncIterator[str]) -> Streamin
             async for frame in until_disconnect(request, frames):
                 yield frame
         except Exception as e:  # noqa: BLE001  (reported to the client in the stream)
-            err = to_api_error(e)
-            yield sse(error_body(err.status, err.message, err.param, err.code))
-            yield DONE_FRAME
+            for frame in on_error(to_api_error(e)):
+                yield frame
 
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return StreamingResponse(body(), media_type="text/event-stream", headers=headers)

@@ -15,7 +15,10 @@ schemathesis = pytest.importorskip("schemathesis")
 schema = schemathesis.openapi.from_dict(create_app(ServerArgs()).openapi()).exclude(
     path="/cache/tree/stream"
 )
-LIMITS = {"max_tokens": 8, "max_completion_tokens": 8, "max_new_tokens": 8, "n": 3}
+LIMITS = {
+    "max_tokens": 8, "max_completion_tokens": 8, "max_new_tokens": 8, "max_output_tokens": 8,
+    "n": 3,
+}
 # NOTE: grammar tests live elsewhere (tool_choice and strict tools compile call grammars)
 CONSTRAINTS = ("regex", "json_schema", "response_format", "tool_choice", "strict")
 
@@ -42,6 +45,8 @@ def bounded(body):
             out[key] = cap
     if "messages" in out or "prompt" in out:
         out.setdefault("max_tokens", 8)
+    if "input" in out:
+        out.setdefault("max_output_tokens", 8)
     if isinstance(out.get("sampling_params"), dict):
         out["sampling_params"].setdefault("max_new_tokens", 8)
     return out
