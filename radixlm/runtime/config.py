@@ -86,7 +86,8 @@ LOAD_BALANCE_METHODS = ("cache_aware", "round_robin", "least_load")
 QUANTIZATIONS = ("auto", "none", "int4")
 # NOTE: the registries (constrained/base.py, executor/attention/base.py) hold the same names;
 # they are repeated here so that a bad flag is refused before any model or backend loads.
-GRAMMAR_BACKENDS = ("outlines", "llguidance")
+# xgrammar is optional (the grammars extra); choosing it without the package fails here.
+GRAMMAR_BACKENDS = ("outlines", "llguidance", "xgrammar")
 ATTENTION_BACKENDS = ("torch", "triton")
 
 
@@ -168,6 +169,8 @@ class ServerArgs:
         _check_choice("schedule_policy", self.schedule_policy, SCHEDULE_POLICIES)
         _check_choice("load_balance_method", self.load_balance_method, LOAD_BALANCE_METHODS)
         _check_choice("grammar_backend", self.grammar_backend, GRAMMAR_BACKENDS)
+        if self.grammar_backend == "xgrammar":
+            _check_xgrammar()
         if self.attention_backend is not None:
             _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         for name in (
@@ -248,6 +251,17 @@ def parse_size(name: str, text: str) -> int:
     if not 0 < value < 2**60:
         raise ValueError(f"{name} must be a positive size, got {text!r}")
     return int(value)
+
+
+def _check_xgrammar() -> None:
+    """ValueError unless xgrammar imports: refused at start-up, not at the first grammar."""
+    try:
+        import xgrammar  # noqa: F401
+    except (ImportError, OSError, RuntimeError) as e:
+        raise ValueError(
+            "grammar_backend 'xgrammar' needs the xgrammar package (pip install xgrammar, or "
+            f"radixlm[grammars]): {e}"
+        ) from None
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:

@@ -136,10 +136,20 @@ def create_grammar_backend(
     eos_token_ids: Sequence[int],
     whitespace_pattern: str | None = None,
 ) -> GrammarBackend:
-    """The registered backend ``name`` (``outlines`` or ``llguidance``) for ``tokenizer``."""
-    # NOTE: importing the modules registers the backends.
+    """The registered backend ``name`` (``outlines``, ``llguidance``, or ``xgrammar`` when it is
+    installed) for ``tokenizer``."""
+    # NOTE: importing the modules registers the backends; xgrammar's (an optional package, about
+    # 1 s to import) only when it is asked for.
     from radixlm.runtime.constrained import llguidance_backend, outlines_backend  # noqa: F401
 
+    if name == "xgrammar":
+        try:
+            from radixlm.runtime.constrained import xgrammar_backend  # noqa: F401
+        except (ImportError, OSError, RuntimeError) as e:
+            raise ValueError(
+                "grammar_backend 'xgrammar' needs the xgrammar package (pip install xgrammar, or "
+                f"radixlm[grammars]): {e}"
+            ) from e
     if name not in GRAMMAR_BACKENDS:
         raise ValueError(f"grammar_backend must be one of {sorted(GRAMMAR_BACKENDS)}, got {name!r}")
     return GRAMMAR_BACKENDS[name](tokenizer, vocab_size, eos_token_ids, whitespace_pattern)

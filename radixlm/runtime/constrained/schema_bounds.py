@@ -16,6 +16,7 @@ its regex (``schema_regex.bound_numbers`` and ``number_regex``).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 _LIMIT = 10**16 - 1
@@ -47,6 +48,24 @@ def bound_schema_numbers(schema: str) -> str:
     defs = dict(bounded.get("$defs") or {})
     defs[_ANY] = _any_value()
     return json.dumps({**bounded, "$defs": defs})
+
+
+def subschemas(node: Any) -> Iterator[dict[str, Any]]:
+    """Every schema object in ``node`` (itself first), following the keywords that hold
+    schemas (so a property named ``not`` is a name, not a keyword)."""
+    if not isinstance(node, dict):
+        return
+    yield node
+    for key in _MAPS:
+        if isinstance(node.get(key), dict):
+            for child in node[key].values():
+                yield from subschemas(child)
+    for key in _LISTS:
+        if isinstance(node.get(key), list):
+            for child in node[key]:
+                yield from subschemas(child)
+    for key in _VALUES:
+        yield from subschemas(node.get(key))
 
 
 def _any_value() -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Shared fixtures: the SmolLM2 tokenizer, both grammar backends, and a mask-driven sampler."""
+"""Shared fixtures: the SmolLM2 tokenizer, the grammar backends, and a mask-driven sampler."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from backend_params import INSTALLED
 
 from radixlm.runtime.constrained import (
     GrammarCompiler,
@@ -18,7 +19,6 @@ from radixlm.runtime.constrained import (
 )
 from radixlm.runtime.constrained.vocabulary import token_bytes_table
 
-BACKENDS = ("outlines", "llguidance")
 VOCAB_SIZE = 49152
 EOS_ID = 2
 SEEDS = (0, 1, 2)
@@ -61,7 +61,7 @@ def tokenizer(request):
 @pytest.fixture(scope="session")
 def backends(tokenizer) -> dict:
     return {
-        name: create_grammar_backend(name, tokenizer, VOCAB_SIZE, [EOS_ID]) for name in BACKENDS
+        name: create_grammar_backend(name, tokenizer, VOCAB_SIZE, [EOS_ID]) for name in INSTALLED
     }
 
 

@@ -7,6 +7,7 @@ import re
 
 import jsonschema
 import pytest
+from backend_params import BACKENDS, needs_xgrammar
 
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.messages import FinishKind, GenerateReq, Sampling
@@ -128,7 +129,7 @@ def check(results, tok) -> None:
             assert re.fullmatch(REGEXES[int(index)], text), (rid, text)
 
 
-@pytest.mark.parametrize("backend", ["outlines", "llguidance"])
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("jump_forward", [True, False])
 def test_outputs_validate(tiny_llama, backend, jump_forward):
     scheduler = Scheduler(
@@ -197,3 +198,27 @@ def test_invalid_constraints_raise(smol_engine, params, message):
     with pytest.raises(ValueError, match=message):
         smol_engine.generate("Hi", {"max_new_tokens": 4, **params})
     assert smol_engine.generate("Hi", {"max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2
+
+
+@needs_xgrammar
+def test_engine_on_xgrammar(tiny_llama):
+    """``grammar_backend="xgrammar"`` end to end: valid JSON; a bad spec is a ValueError (an
+    HTTP 400 on the server) and the engine keeps serving."""
+    from radixlm import Engine
+
+    engine = Engine(tiny_llama, dtype="float32", max_total_tokens=8192, grammar_backend="xgrammar")
+    try:
+        for seed in (None, 1):
+            params = {"temperature": 0} if seed is None else {"sampling_seed": seed}
+            out = engine.generate(
+                "Answer:", {"max_new_tokens": 200, "json_schema": SCHEMAS[3], **params}
+            )
+            assert out["meta_info"]["finish_reason"]["type"] == "stop", out
+            jsonschema.validate(json.loads(out["text"]), SCHEMAS[3])
+        with pytest.raises(ValueError, match="invalid regex"):
+            engine.generate("Hi", {"max_new_tokens": 4, "regex": "[unclosed"})
+        with pytest.raises(ValueError, match="uniqueItems"):
+            engine.generate("Hi", {"max_new_tokens": 4, "json_schema": {"uniqueItems": True}})
+        assert engine.generate("Hi", {"max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2
+    finally:
+        engine.shutdown()

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import torch
+from backend_params import BACKENDS, INSTALLED, needs_xgrammar
 
+from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.constrained import (
     GRAMMAR_BACKENDS,
     advance_with_jump_forward,
@@ -15,7 +18,6 @@ from radixlm.runtime.constrained import (
     unpack_bitmask,
 )
 
-BACKENDS = ("outlines", "llguidance")
 VOCAB = 49152
 EOS = 2
 NAME_SCHEMA = json.dumps(
@@ -42,7 +44,7 @@ def walk(backend, kind: str, spec: str, tokenizer, text: str):
 
 @pytest.fixture(scope="module")
 def compact_backends(tokenizer) -> dict:
-    return {n: create_grammar_backend(n, tokenizer, VOCAB, [EOS], "") for n in BACKENDS}
+    return {n: create_grammar_backend(n, tokenizer, VOCAB, [EOS], "") for n in INSTALLED}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -148,10 +150,10 @@ def test_mask_is_zero_past_grammar_vocab(backend, backends):
     ],
 )
 def test_backends_agree_on_regex_masks(regex, text, backends, tokenizer):
-    matchers = [backends[n].compile("regex", regex).matcher() for n in BACKENDS]
+    matchers = [backends[n].compile("regex", regex).matcher() for n in INSTALLED]
     for token_id in [*encode(tokenizer, text), None]:
-        first, second = (allowed(m) for m in matchers)
-        assert first == second
+        first, *others = (allowed(m) for m in matchers)
+        assert all(other == first for other in others)
         if token_id is not None:
             for matcher in matchers:
                 matcher.advance(token_id)
@@ -192,6 +194,10 @@ def test_invalid_specs_raise_value_error(backend, backends, kind, spec, message)
 def test_outer_anchors_and_rust_syntax_accepted(backend, backends, tokenizer):
     matcher = walk(backends[backend], "regex", "^ab$", tokenizer, "ab")
     assert matcher.is_accepting()
+    if backend == "xgrammar":  # NOTE: its regexes have no Unicode classes (xgrammar 0.2.9)
+        with pytest.raises(ValueError, match="invalid regex.*Unicode character class"):
+            backends[backend].compile("regex", r"\p{Lu}[0-9]")
+        return
     matcher = walk(backends[backend], "regex", r"\p{Lu}[0-9]", tokenizer, "Q")
     assert not matcher.is_accepting()
 
@@ -200,6 +206,19 @@ def test_registry_lists_backends(tokenizer):
     with pytest.raises(ValueError, match="llguidance.*outlines"):
         create_grammar_backend("nope", tokenizer, VOCAB, [EOS])
     assert {"outlines", "llguidance"} <= set(GRAMMAR_BACKENDS)
+
+
+def test_xgrammar_without_the_package_is_refused_at_start_up(monkeypatch, tokenizer):
+    import radixlm.runtime.constrained as constrained
+
+    monkeypatch.setitem(sys.modules, "xgrammar", None)  # NOTE: import xgrammar -> ImportError
+    monkeypatch.delitem(sys.modules, "radixlm.runtime.constrained.xgrammar_backend", raising=False)
+    monkeypatch.delattr(constrained, "xgrammar_backend", raising=False)
+    monkeypatch.delitem(GRAMMAR_BACKENDS, "xgrammar", raising=False)
+    with pytest.raises(ValueError, match=r"grammar_backend 'xgrammar'.*pip install xgrammar"):
+        ServerArgs(grammar_backend="xgrammar")
+    with pytest.raises(ValueError, match=r"grammar_backend 'xgrammar'.*pip install xgrammar"):
+        create_grammar_backend("xgrammar", tokenizer, VOCAB, [EOS])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -211,3 +230,44 @@ def test_several_eos_ids_and_padded_vocab(backend, tokenizer):
     assert allowed(matcher, padded) == {0, EOS}
     matcher.advance(0)
     assert matcher.is_terminated()
+
+
+@needs_xgrammar
+@pytest.mark.parametrize(
+    ("schema", "message"),
+    [
+        ({"type": "integer", "multipleOf": 3}, "'multipleOf' is not supported"),
+        ({"type": "array", "contains": {"const": 5}}, "'contains' is not supported"),
+        ({"not": {"type": "string"}}, "'not' is not supported"),
+        ({"if": {"type": "string"}, "then": {"minLength": 3}}, "'if' is not supported"),
+        ({"type": "object", "dependentRequired": {"a": ["b"]}}, "'dependentRequired'"),
+        ({"type": "object", "patternProperties": {"^a": {}}}, "'patternProperties'"),
+        ({"allOf": [{"required": ["a"]}, {"required": ["b"]}]}, "'allOf' with more than one"),
+        ({"type": "string", "format": "iri"}, "format 'iri' is not supported"),
+        (
+            {"type": "object", "properties": {"x": {"items": {"not": {}}}}},
+            "'not' is not supported",
+        ),
+    ],
+)
+def test_xgrammar_refuses_keywords_it_would_ignore(backends, schema, message):
+    with pytest.raises(ValueError, match=message):
+        backends["xgrammar"].compile("json_schema", json.dumps(schema))
+
+
+@needs_xgrammar
+def test_xgrammar_keywords_are_names_inside_properties(backends, tokenizer):
+    schema = {"type": "object", "properties": {"not": {"type": "integer"}}, "required": ["not"]}
+    matcher = walk(backends["xgrammar"], "json_schema", json.dumps(schema), tokenizer, '{"not":1}')
+    assert matcher.is_accepting()
+
+
+@needs_xgrammar
+def test_xgrammar_whitespace_pattern(tokenizer):
+    schema = json.dumps({"type": "array", "items": {"type": "integer"}, "maxItems": 3})
+    spaced = create_grammar_backend("xgrammar", tokenizer, VOCAB, [EOS], r"[ ]*")
+    assert walk(spaced, "json_schema", schema, tokenizer, "[1,   2]").is_accepting()
+    one = create_grammar_backend("xgrammar", tokenizer, VOCAB, [EOS])  # NOTE: default [ ]?
+    assert walk(one, "json_schema", schema, tokenizer, "[1, 2]").is_accepting()
+    with pytest.raises(ValueError, match="not allowed"):
+        walk(one, "json_schema", schema, tokenizer, "[1,  2]")

@@ -7,6 +7,7 @@ import re
 
 import pytest
 import torch
+from backend_params import BACKENDS
 
 from radixlm.runtime.constrained.schema_bounds import bound_schema_numbers
 from radixlm.runtime.constrained.schema_regex import json_schema_regex
@@ -56,7 +57,7 @@ def digit_bias(token_table) -> torch.Tensor:
     return torch.tensor(weights).unsqueeze(0)
 
 
-@pytest.mark.parametrize("backend", ["outlines", "llguidance"])
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("seed", [None, 0, 1])
 def test_a_model_that_loves_digits_still_ends_its_numbers(
     backend, seed, backends, digit_bias, sample, decode

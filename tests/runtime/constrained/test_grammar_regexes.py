@@ -6,8 +6,8 @@ import json
 import re
 
 import pytest
+from backend_params import BACKENDS, INSTALLED
 
-BACKENDS = ("outlines", "llguidance")
 SEEDS = (0, 1, 2)
 
 REGEXES = [
@@ -36,7 +36,7 @@ CHOICES = [
 @pytest.fixture(scope="module")
 def futures(compilers):
     specs = [("regex", r) for r in REGEXES] + [("choices", json.dumps(c)) for c in CHOICES]
-    return {(b, spec): compilers[b].submit(*spec) for spec in specs for b in BACKENDS}
+    return {(b, spec): compilers[b].submit(*spec) for spec in specs for b in INSTALLED}
 
 
 def _generate_all(grammar, sample, decode) -> list[str]:

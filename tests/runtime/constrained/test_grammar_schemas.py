@@ -6,8 +6,8 @@ import json
 
 import jsonschema
 import pytest
+from backend_params import BACKENDS, INSTALLED
 
-BACKENDS = ("outlines", "llguidance")
 SEEDS = (0, 1, 2)
 STR = {"type": "string"}
 SHORT = {"type": "string", "maxLength": 8}
@@ -104,7 +104,7 @@ def futures(compilers):
     return {
         (backend, name): compilers[backend].submit("json_schema", json.dumps(schema))
         for name, schema in SCHEMAS.items()
-        for backend in BACKENDS
+        for backend in INSTALLED
     }
 
 

@@ -72,7 +72,7 @@ def test_unknown_backends_are_refused_before_anything_starts(tiny_llama):
     with pytest.raises(ValueError, match="attention_backend must be one of"):
         Engine(tiny_llama, dtype="float32", attention_backend="no-such-backend")
     with pytest.raises(ValueError, match="grammar_backend must be one of"):
-        Engine(tiny_llama, dtype="float32", grammar_backend="xgrammar")
+        Engine(tiny_llama, dtype="float32", grammar_backend="no-such-backend")
 
 
 def test_dead_rank_is_reported(tiny_tp2):
