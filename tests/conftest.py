@@ -17,6 +17,9 @@ def pytest_configure(config) -> None:
     their own processes. Four in-process test files took 37-41 s with one thread, idle or beside
     a busy core, against 58-150 s with torch's two spinning OpenMP threads on a 2-core machine."""
     torch.set_num_threads(1)
+    # NOTE: every engine and server here would compile its decode steps in the background
+    # (minutes of CPU on 2 cores); tests/runtime/test_cpu_compile.py turns it on where it checks it
+    os.environ["RADIXLM_DISABLE_CPU_COMPILE"] = "1"
 
 
 TINY_SHAPES = {

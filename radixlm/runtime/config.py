@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -123,6 +124,11 @@ class ServerArgs:
     # and no whitespace for a small model to loop on. "[ ]?" allows a space after : and ,.
     constrained_json_whitespace_pattern: str = ""
     disable_cuda_graph: bool = False
+    # NOTE: CPU decode steps of <= 8 requests compiled with torch.compile in the background
+    # (executor/cpu_graph_runner.py); RADIXLM_DISABLE_CPU_COMPILE=1 sets this default
+    disable_cpu_compile: bool = field(
+        default_factory=lambda: os.environ.get("RADIXLM_DISABLE_CPU_COMPILE", "") == "1"
+    )
     cuda_graph_max_bs: int = 256  # decode batches up to this size replay captured graphs
     tp_size: int = 1
     dp_size: int = 1

@@ -52,6 +52,8 @@ HELP = {
     "kv_events_endpoint": "publish KV-cache events (vLLM's format) on this ZMQ endpoint, e.g. "
     "tcp://127.0.0.1:5557 (see docs/architecture.md)",
     "kv_events_block_size": "tokens per block in KV-cache events",
+    "disable_cpu_compile": "run CPU decode steps eagerly (default: steps of <= 8 requests are "
+    "compiled with torch.compile in the background; RADIXLM_DISABLE_CPU_COMPILE=1)",
     "kv_disk_cache": "directory of a disk tier under the radix cache: prefixes outlive eviction "
     "and restarts",
     "kv_disk_cache_size": "byte budget of --kv-disk-cache, e.g. 20GB (least recently used "
@@ -82,7 +84,8 @@ def build_parser(prog: str = "radixlm serve") -> argparse.ArgumentParser:
         flag = "--" + f.name.replace("_", "-")
         kind = str(f.type)
         if kind == "bool":
-            parser.add_argument(flag, action="store_true", help=HELP.get(f.name))
+            parser.add_argument(flag, action="store_true", default=getattr(defaults, f.name),
+                                help=HELP.get(f.name))  # fmt: skip
             continue
         parse = int if "int" in kind else float if "float" in kind else str
         parser.add_argument(

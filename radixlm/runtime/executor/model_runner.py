@@ -12,6 +12,7 @@ from radixlm.runtime.distributed.batch_sync import broadcast_batch, broadcast_st
 from radixlm.runtime.distributed.parallel import RankInfo, init_tp_group, resolve_device
 from radixlm.runtime.distributed.shard import local_heads, shard_model
 from radixlm.runtime.executor.attention.base import create_attention_backend
+from radixlm.runtime.executor.cpu_graph_runner import CpuGraphRunner, DecodeAttention
 from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.loader.loader import load_model, resolve_dtype
@@ -70,6 +71,7 @@ class ModelRunner:
         self.graph_runner = self._capture_graphs(args)
         if self.graph_runner is not None:
             self._phase("cuda_graphs")
+        self.cpu_graphs = self._compile_cpu_decode(args)
         logger.info("start-up: %s", ", ".join(f"{k} {v:.2f} s" for k, v in self.startup_s.items()))
 
     def _phase(self, name: str) -> None:
@@ -134,6 +136,8 @@ class ModelRunner:
             broadcast_batch(self.tp, batch)
         if self.graph_runner is not None and self.graph_runner.can_run(batch):
             return self.graph_runner.forward(batch)
+        if self.cpu_graphs is not None and self.cpu_graphs.can_run(batch):
+            return self.cpu_graphs.forward(batch)
         self.backend.prepare(batch)
         return self.model(batch, self.backend)
 
@@ -159,6 +163,18 @@ class ModelRunner:
             len(runner.graphs), runner.max_bs, time.perf_counter() - start,
         )  # fmt: skip
         return runner
+
+    def _compile_cpu_decode(self, args: ServerArgs) -> CpuGraphRunner | None:
+        """Compiled decode steps on CPU (started in the background; see cpu_graph_runner)."""
+        if args.disable_cpu_compile or self.device.type != "cpu" or self.tp is not None:
+            return None
+        if self.attention_backend_name != "torch":
+            return None
+        return CpuGraphRunner(self.model, DecodeAttention(self.kv_pool, self.backend.scale))
+
+    @property
+    def cpu_compile_status(self) -> str:
+        return "off" if self.cpu_graphs is None else self.cpu_graphs.status
 
     def close(self) -> None:
         """Release the other ranks (from rank 0) and leave the process group."""

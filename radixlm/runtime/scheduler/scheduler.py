@@ -288,6 +288,7 @@ class Scheduler:
             "hit_tokens": c.hit_tokens,
             "queried_tokens": c.queried_tokens,
             "kv_invariant_ok": self.idle_check_ok(),
+            "cpu_compile": self.runner.cpu_compile_status,
             **self.stats.as_dict(),
             **(c.disk.stats() if c.disk is not None else {}),
             **(self.spec.stats.as_dict() if self.spec is not None else {}),

@@ -1,0 +1,155 @@
+"""Compiled decode steps on CPU: the counterpart of CUDA graphs.
+
+A decode step of a small model on CPU is a few hundred small ops (norms, rotary, the KV write
+and gather, softmax, residual adds) around the weight matmuls, and dispatching them costs about
+as much as the matmuls (SmolLM2-135M: ~11 of ~22 ms a token). ``torch.compile`` (inductor's C++
+backend) fuses them: the model's own ``forward`` is traced with :class:`DecodeAttention` in place
+of the attention backend, over :class:`DecodeInputs` in place of a ``ForwardBatch``.
+
+Two graphs, by batch size: one request (its own graph: single-stream decode is the common case)
+and 2..``MAX_ROWS`` requests, each over any context length (a dynamic dimension). Larger decode
+batches are compute-bound and stay eager, as do prefill and speculative verify steps.
+
+The graphs compile on a background thread at start-up; steps run eagerly until their graph is
+ready, so no request waits for a compile (a busy start-up is slower meanwhile). Inductor keeps
+its kernels on disk (``TORCHINDUCTOR_CACHE_DIR``), so a restart compiles in a fraction of the
+first time. ``--disable-cpu-compile`` (or ``RADIXLM_DISABLE_CPU_COMPILE=1``) turns it off.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+
+from radixlm.runtime.executor.attention.torch_backend import _gather, grouped_attention
+from radixlm.runtime.executor.forward_batch import ForwardBatch
+from radixlm.runtime.mem_cache.memory_pool import KVPool
+from radixlm.runtime.models.quant import MAX_INT4_ROWS
+
+logger = logging.getLogger(__name__)
+
+MAX_ROWS = MAX_INT4_ROWS  # NOTE: beyond the int4 rows a step is compute-bound: eager is as fast
+WARMUP_LEN = 16  # context length of the compile-time example (the dimension is dynamic)
+
+
+@dataclass
+class DecodeInputs:
+    """What the model's forward reads of a decode batch, as tensors only."""
+
+    input_ids: torch.Tensor  # [B]
+    positions: torch.Tensor  # [B]
+    logits_indices: torch.Tensor  # [B]
+    out_cache_loc: torch.Tensor  # [B] the KV slot each new token writes
+    kv_index: torch.Tensor  # [B, L] each request's KV slots (past its length: masked)
+    key_mask: torch.Tensor  # [B, L] True for the slots a request attends to
+
+
+class DecodeAttention:
+    """The torch backend's decode attention (write the new K/V, gather each request's KV,
+    grouped attention, float32 for a single row) without its Python-side planning, so that a
+    whole step traces into one graph."""
+
+    def __init__(self, kv_pool: KVPool, scale: float) -> None:
+        self.kv_pool, self.scale = kv_pool, scale
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch: DecodeInputs
+    ) -> torch.Tensor:
+        self.kv_pool.write(layer, batch.out_cache_loc, k, v)
+        k_buf, v_buf = self.kv_pool.k[layer], self.kv_pool.v[layer]
+        rows = q.shape[0]
+        dtype = torch.float32 if rows == 1 else k_buf.dtype  # NOTE: as the eager backend does
+        keys, values = _gather(k_buf, batch.kv_index, dtype), _gather(v_buf, batch.kv_index, dtype)
+        q4 = q.view(rows, 1, *q.shape[1:]).to(dtype)
+        out, _ = grouped_attention(q4, keys, values, batch.key_mask[:, None, :], self.scale)
+        return out.to(q.dtype).reshape(rows, *q.shape[1:])
+
+
+class CpuGraphRunner:
+    """The compiled decode graphs of one model (see module); ``forward`` for batches that
+    ``can_run``."""
+
+    def __init__(self, model: torch.nn.Module, attention: DecodeAttention) -> None:
+        import torch._inductor.config as inductor
+
+        inductor.compile_threads = 1  # NOTE: no pool of compile processes beside the scheduler
+        inductor.emulate_precision_casts = True  # NOTE: bf16 rounding where eager rounds
+        self.model, self.attention = model, attention
+        self.compiled = torch.compile(model.forward, dynamic=None)
+        self.ready: set[str] = set()
+        self.compile_s: dict[str, float] = {}
+        self.error: str | None = None
+        self._thread = threading.Thread(target=self._compile_all, name="cpu-compile", daemon=True)
+        self._thread.start()
+
+    @property
+    def status(self) -> str:
+        if self.error is not None:
+            return f"failed: {self.error}"
+        return "ready" if len(self.ready) == 2 else "compiling"
+
+    def can_run(self, batch: ForwardBatch) -> bool:
+        return batch.is_decode and _bucket(batch.batch_size) in self.ready
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """Logits ``[B, vocab]`` of a decode batch, from its compiled graph."""
+        length = max(batch.seq_lens_list)
+        kv_index = batch.req_to_token[batch.req_slots, :length]
+        key_mask = torch.arange(length)[None, :] < batch.seq_lens[:, None]
+        # NOTE: copies made here, in inference mode as the compile's were: a tensor made outside
+        # it fails the graph's guards and compiles the step again
+        inputs = DecodeInputs(
+            batch.input_ids.clone(), batch.positions.clone(), batch.logits_indices.clone(),
+            batch.out_cache_loc.clone(), kv_index, key_mask,
+        )  # fmt: skip
+        return self._run(inputs)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until every graph compiled (or failed); False on timeout."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _run(self, inputs: DecodeInputs) -> torch.Tensor:
+        for t in (inputs.kv_index, inputs.key_mask):
+            torch._dynamo.maybe_mark_dynamic(t, 1)
+        if inputs.input_ids.shape[0] > 1:
+            for t in (inputs.input_ids, inputs.positions, inputs.logits_indices,
+                      inputs.out_cache_loc, inputs.kv_index, inputs.key_mask):  # fmt: skip
+                torch._dynamo.maybe_mark_dynamic(t, 0)
+        return self.compiled(inputs, self.attention)
+
+    @torch.inference_mode()
+    def _compile_all(self) -> None:
+        for rows in (1, 2):
+            start = time.perf_counter()
+            try:
+                self._run(_scratch_inputs(rows))
+            except Exception as e:  # noqa: BLE001  (eager steps go on; the reason is reported)
+                self.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                logger.warning("CPU decode compile failed, decode stays eager: %s", self.error)
+                return
+            bucket = _bucket(rows)
+            self.compile_s[bucket] = round(time.perf_counter() - start, 1)
+            self.ready.add(bucket)
+            logger.info("compiled CPU decode steps of %s request(s) in %.1f s",
+                        bucket, self.compile_s[bucket])  # fmt: skip
+
+
+def _bucket(rows: int) -> str | None:
+    if rows == 1:
+        return "1"
+    return f"2-{MAX_ROWS}" if 2 <= rows <= MAX_ROWS else None
+
+
+def _scratch_inputs(rows: int) -> DecodeInputs:
+    """A decode batch that writes and reads only slot 0, the pool's scratch slot."""
+    zeros = torch.zeros(rows, dtype=torch.int64)
+    return DecodeInputs(
+        input_ids=zeros, positions=zeros.clone(), logits_indices=torch.arange(rows),
+        out_cache_loc=zeros.clone(), kv_index=torch.zeros(rows, WARMUP_LEN, dtype=torch.int64),
+        key_mask=torch.ones(rows, WARMUP_LEN, dtype=torch.bool),
+    )  # fmt: skip

@@ -1,0 +1,83 @@
+"""Compiled CPU decode steps (executor/cpu_graph_runner.py) against the eager steps they replace:
+the same logits (float32: to rounding; bfloat16: the same greedy tokens) for one request and for
+a batch of three with different lengths, and the same greedy text through an Engine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.executor.forward_batch import ForwardBatch
+from radixlm.runtime.executor.model_runner import ModelRunner
+
+pytestmark = pytest.mark.timeout(900)
+PROMPTS = [[5, 17, 300, 41, 9], [7, 8, 9], [400, 401, 402, 403, 404, 405, 406, 407, 408]]
+
+
+def decode_logits(runner: ModelRunner, rows: list[int], steps: int) -> list[torch.Tensor]:
+    """Prefill the prompts of ``rows``, then ``steps`` decode steps of them together (each
+    feeding its greedy token); the logits of every step."""
+    prompts = [PROMPTS[r] for r in rows]
+    table, out = runner.req_pool.table, []
+    base = [1 + 64 * i for i in range(len(prompts))]  # NOTE: each request's own KV slots
+    for i, p in enumerate(prompts):
+        table[i, : len(p) + steps] = torch.arange(base[i], base[i] + len(p) + steps)
+        runner.forward(ForwardBatch.build(
+            input_ids=p, prefix_lens=[0], extend_lens=[len(p)], req_slots=[i],
+            out_cache_loc=table[i, : len(p)], logits_indices=[len(p) - 1], req_to_token=table,
+        ))  # fmt: skip
+    tokens, lens = [p[-1] for p in prompts], [len(p) for p in prompts]
+    for _ in range(steps):
+        batch = ForwardBatch.build(
+            input_ids=tokens, prefix_lens=lens, extend_lens=[1] * len(prompts),
+            req_slots=list(range(len(prompts))),
+            out_cache_loc=torch.stack([table[i, n] for i, n in enumerate(lens)]),
+            logits_indices=list(range(len(prompts))), req_to_token=table,
+        )  # fmt: skip
+        logits = runner.forward(batch)
+        out.append(logits)
+        tokens = logits.argmax(-1).tolist()
+        lens = [n + 1 for n in lens]
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_compiled_decode_matches_eager(tiny_llama, dtype):
+    runner = ModelRunner(ServerArgs(
+        model_path=tiny_llama, dtype=dtype, max_total_tokens=512, disable_cpu_compile=False,
+    ))  # fmt: skip
+    graphs = runner.cpu_graphs
+    assert graphs is not None and graphs.wait(600), "compiling took over 10 minutes"
+    assert runner.cpu_compile_status == "ready", runner.cpu_compile_status
+    for rows in ([0], [0, 1, 2]):
+        compiled = decode_logits(runner, rows, steps=6)
+        graphs.ready.clear()  # NOTE: the same steps again, eagerly
+        eager = decode_logits(runner, rows, steps=6)
+        graphs.ready.update(graphs.compile_s)
+        for c, e in zip(compiled, eager):
+            assert torch.equal(c.argmax(-1), e.argmax(-1))
+            tol = 1e-4 if dtype == "float32" else 5e-2
+            torch.testing.assert_close(c, e, atol=tol, rtol=tol)
+
+
+def test_engine_greedy_text_is_the_same_compiled(tiny_llama):
+    from radixlm import Engine
+
+    prompts = ["The robot", "Once upon a time there was", "1, 2, 3,"]
+    params = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
+    with Engine(tiny_llama, dtype="float32", disable_cpu_compile=True) as engine:
+        eager = [o["text"] for o in engine.generate(prompts, params)]
+    with Engine(tiny_llama, dtype="float32", disable_cpu_compile=False) as engine:
+        assert engine.get_server_info()["stats"]["cpu_compile"] in ("compiling", "ready")
+        first = [o["text"] for o in engine.generate(prompts, params)]  # NOTE: maybe still eager
+        import time
+
+        deadline = time.monotonic() + 600
+        while engine.get_server_info()["stats"]["cpu_compile"] == "compiling":
+            assert time.monotonic() < deadline, "compiling took over 10 minutes"
+            time.sleep(1)
+        assert engine.get_server_info()["stats"]["cpu_compile"] == "ready"
+        compiled = [o["text"] for o in engine.generate(prompts, params)]
+        single = engine.generate(prompts[0], params)["text"]
+    assert first == eager and compiled == eager and single == eager[0]
