@@ -34,6 +34,7 @@ from radixlm.lang.choices import (
     token_length_normalized,
     unconditional_likelihood_normalized,
 )
+from radixlm.lang.compiler import CompiledFunction, CompileError
 from radixlm.lang.executor import ProgramError
 from radixlm.lang.function import SglFunction
 from radixlm.lang.global_config import global_config
@@ -42,7 +43,7 @@ from radixlm.lang.state import ProgramState, ProgramStateGroup
 from radixlm.lang.tools import tools_prompt
 
 __all__ = [
-    "tools_prompt",
+    "tools_prompt", "CompiledFunction", "CompileError",
     "REGEX_BOOL", "REGEX_FLOAT", "REGEX_INT", "REGEX_STR", "ChatTemplate", "EngineBackend",
     "OpenAI", "ProgramError", "ProgramState", "ProgramStateGroup", "Runtime", "RuntimeEndpoint",
     "SglFunction", "assistant", "assistant_begin", "assistant_end", "flush_cache", "function",

@@ -217,8 +217,9 @@ class StreamExecutor:
         return [self._branch() for _ in range(int(size))]
 
     def _branch(self) -> StreamExecutor:
-        exe = StreamExecutor(self.backend, self.arguments, self.default_sampling_para,
-                             self.chat_template, self.stream)
+        # NOTE: type(self): a compiled program's executor forks into executors of its own kind
+        exe = type(self)(self.backend, self.arguments, self.default_sampling_para,
+                         self.chat_template, self.stream)
         exe.variables = dict(self.variables)
         exe.meta_info = dict(self.meta_info)
         exe.text_ = self.text_

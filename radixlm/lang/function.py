@@ -111,6 +111,16 @@ class SglFunction:
         resolved = _backend(backend, required=False)
         return trace_program(self, kwargs, resolved)
 
+    def compile(self, *, backend: Any = None):
+        """Trace the program once into a CompiledFunction (SGLang's ``compile``) whose ``run`` /
+        ``run_batch`` execute the traced graph without running the Python code again; programs
+        it calls and fork branches run concurrently. ``backend`` (else the default one) is the
+        one the trace sees and the one runs fall back to. Raises CompileError when the code
+        depends on argument values or generated text."""
+        from radixlm.lang.compiler import compile_func
+
+        return compile_func(self, backend)
+
     def cache(self, backend: Any = None) -> str:
         """Cache the program's constant prefix in the backend; return the prefix."""
         from radixlm.lang.runner import cache_program

@@ -227,10 +227,13 @@ class SglVarScopeEnd(SglExpr):
 class SglVariable(SglExpr):
     """The value of variable ``name`` produced by ``source`` (an expression or an executor)."""
 
-    def __init__(self, name: str, source: Any) -> None:
+    def __init__(self, name: str, source: Any, origin: Any = None) -> None:
         super().__init__()
         self.name = name
         self.source = source
+        # NOTE: set by tracing: (the traced state, index in its nodes) of ``source``, since one
+        # expression object can be appended to several states (``forks += gen("x")``)
+        self.origin = origin
 
     def __repr__(self) -> str:
         src = f"%{self.source.node_id}" if isinstance(self.source, SglExpr) else "state"
@@ -255,6 +258,21 @@ class SglGetForkItem(SglExpr):
     def __repr__(self) -> str:
         prev = f"%{self.prev_node.node_id}" if self.prev_node is not None else "None"
         return f"GetForkItem({prev}, index={self.index})"
+
+
+class SglJoin(SglExpr):
+    """``forks.join(mode)`` as traced: the parent waits for ``branches`` (tracer states) and, by
+    ``mode``, gathers their new variables or appends their new text. Only a compiled program
+    executes it; a running program joins directly."""
+
+    def __init__(self, branches: list[Any], mode: str) -> None:
+        super().__init__()
+        self.branches = list(branches)
+        self.sizes = [len(b.nodes) for b in self.branches]  # each branch's length when joined
+        self.mode = mode
+
+    def __repr__(self) -> str:
+        return f"Join({self.mode!r}, branches={len(self.branches)})"
 
 
 class SglCommitLazy(SglExpr):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -73,21 +73,38 @@ def run_program_batch(
         return iter([]) if generator_style else []
     if global_config.enable_precache_with_tracing and len(batch_kwargs) > 1:
         cache_program(program, backend)
+    return run_concurrently(
+        lambda kwargs: run_program(program, backend, (), kwargs, defaults, False, False),
+        batch_kwargs, num_threads, progress_bar, generator_style,
+    )
+
+
+def run_concurrently(
+    run_one: Callable[[dict[str, Any]], ProgramState],
+    batch_kwargs: list[dict[str, Any]],
+    num_threads: int | str = "auto",
+    progress_bar: bool = False,
+    generator_style: bool = False,
+) -> list[ProgramState] | Iterator[ProgramState]:
+    """``run_one`` for each argument dict on a thread pool; the states in order (a list, or an
+    iterator with ``generator_style``)."""
+    if not batch_kwargs:
+        return iter([]) if generator_style else []
     if num_threads == "auto":
         num_threads = max(96, (os.cpu_count() or 1) * 16)
     num_threads = max(1, min(int(num_threads), len(batch_kwargs)))
-    states = _submit_all(program, backend, batch_kwargs, defaults, num_threads, progress_bar)
+    states = _submit_all(run_one, batch_kwargs, num_threads, progress_bar)
     if generator_style:
         return states
     return list(states)
 
 
-def _submit_all(program, backend, batch_kwargs, defaults, num_threads, progress_bar):
+def _submit_all(run_one, batch_kwargs, num_threads, progress_bar):
     bar = tqdm(total=len(batch_kwargs), disable=not progress_bar)
     pool = ThreadPoolExecutor(num_threads, thread_name_prefix="radixlm-batch")
     futures: list[Future] = []
     for kwargs in batch_kwargs:
-        future = pool.submit(run_program, program, backend, (), kwargs, defaults, False, False)
+        future = pool.submit(run_one, kwargs)
         future.add_done_callback(lambda _: bar.update())
         futures.append(future)
     try:
