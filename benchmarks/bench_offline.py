@@ -1,5 +1,5 @@
-"""Offline decode speed: the Engine (bf16, fp32) against Hugging Face ``generate()`` (fp32, bf16)
-and llama.cpp (the same Q4_1 GGUF, through llama-cpp-python).
+"""Offline decode speed: the Engine (bf16 with compiled and with eager decode steps, fp32) against
+Hugging Face ``generate()`` (fp32, bf16) and llama.cpp (the same Q4_1 GGUF, llama-cpp-python).
 
 Single-stream decode tok/s and batch-32 aggregate throughput on the embedded SmolLM2 (llama.cpp's
 Python API generates one sequence at a time, so its batch is the prompts one after another), and
@@ -38,12 +38,20 @@ def busy_core() -> Iterator[None]:
         spinner.wait()
 
 
-def engine_runs(dtype: str, new_tokens: int, batch: int, busy: bool) -> dict[str, float]:
+def engine_runs(
+    dtype: str, new_tokens: int, batch: int, busy: bool, compiled: bool
+) -> dict[str, float]:
     from radixlm import Engine
 
-    with Engine(dtype=dtype, max_total_tokens=16384) as engine:
+    with Engine(dtype=dtype, max_total_tokens=16384, disable_cpu_compile=not compiled) as engine:
         p = {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}
         engine.generate(PROMPT, {**p, "max_new_tokens": 4})  # warm-up
+        start = time.perf_counter()
+        while engine.get_server_info()["stats"]["cpu_compile"] == "compiling":
+            time.sleep(1)  # NOTE: decode steps run eagerly until their graphs are compiled
+        if compiled:
+            status = engine.get_server_info()["stats"]["cpu_compile"]
+            log(f"  compiled decode: {status} after {time.perf_counter() - start:.0f} s")
 
         def single() -> float:
             engine.flush_cache()
@@ -121,10 +129,11 @@ def main() -> None:
 
     args.threads = args.threads or thread_policy.compute_threads(None, 1)
     results: dict[str, dict] = {}
-    for dtype in ("bfloat16", "float32"):
-        log(f"radixlm {dtype}")
+    for dtype, compiled in (("bfloat16", True), ("bfloat16", False), ("float32", True)):
+        name = f"radixlm_{dtype}" + ("" if compiled else "_eager")
+        log(name)
         busy = dtype == "bfloat16"  # NOTE: the default dtype on CPU
-        results[f"radixlm_{dtype}"] = engine_runs(dtype, args.new_tokens, args.batch, busy)
+        results[name] = engine_runs(dtype, args.new_tokens, args.batch, busy, compiled)
     for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
         log(f"HF generate {name}")
         results[f"hf_{name}"] = {"single_tok_s": hf_single(dtype, args.new_tokens)}
@@ -143,6 +152,9 @@ def main() -> None:
     }
     bf16 = results["radixlm_bfloat16"]
     ratios["busy_vs_idle"] = bf16["busy_single_tok_s"] / bf16["single_tok_s"]
+    ratios["compiled_vs_eager_single"] = (
+        bf16["single_tok_s"] / results["radixlm_bfloat16_eager"]["single_tok_s"]
+    )
     if llamacpp is not None:
         ratios["single_vs_llama_cpp"] = best / llamacpp["single_tok_s"]
         ratios[f"batch{args.batch}_vs_llama_cpp"] = best_batch / llamacpp[batch_key]
