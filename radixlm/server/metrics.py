@@ -10,7 +10,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 
 PREFIX = "radixlm:"
 LATENCY_BUCKETS = (
@@ -70,6 +75,8 @@ class _StatsCollector:
             if marker in self.stats:
                 for name, (key, kind, doc) in families.items():
                     yield self._family(kind, name, doc, labels, self.stats[key])
+        if "spec_accept_lengths" in self.stats:
+            yield self._acceptance(labels)
         success = CounterMetricFamily(
             PREFIX + "request_success_total", "Finished requests by finish reason.",
             labels=["model_name", "finished_reason"],
@@ -77,6 +84,23 @@ class _StatsCollector:
         for reason, count in sorted(self.stats.get("finished_by_reason", {}).items()):
             success.add_metric([self.model_name, reason], count)
         yield success
+
+    def _acceptance(self, labels: dict[str, str]) -> Metric:
+        """Draft tokens accepted per verified draft, as a histogram with one bucket per
+        length (the scheduler counts each length)."""
+        counts = {int(k): v for k, v in self.stats["spec_accept_lengths"].items()}
+        family = HistogramMetricFamily(
+            PREFIX + "spec_decode_acceptance_length", "Draft tokens accepted per verified draft.",
+            labels=list(labels),
+        )
+        buckets, total = [], 0
+        for length in range(max(counts, default=0) + 1):
+            total += counts.get(length, 0)
+            buckets.append((str(float(length)), total))
+        buckets.append(("+Inf", total))
+        family.add_metric(list(labels.values()), buckets,
+                          sum_value=sum(k * v for k, v in counts.items()))  # fmt: skip
+        return family
 
     @staticmethod
     def _family(kind, name: str, doc: str, labels: dict[str, str], value: float) -> Metric:

@@ -7,7 +7,7 @@ import pytest
 
 from radixlm import Engine
 from radixlm.runtime.messages import Sampling
-from radixlm.runtime.scheduler.speculative import DraftState, NgramDrafter
+from radixlm.runtime.scheduler.speculative import DraftState, NgramDrafter, SpecStats
 from tests.conftest import assert_no_leak
 
 # NOTE: repetitive prompts, so that drafts exist, and a tiny random model's greedy output
@@ -191,3 +191,20 @@ def test_no_kv_slot_leaks_after_aborts(engines):
     spec.generate(PROMPTS, {**params, "max_new_tokens": 30})
     assert_no_leak(spec)
     assert_no_leak(engines[0])
+
+
+def test_acceptance_lengths_are_a_prometheus_histogram():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from radixlm.server.metrics import ServerMetrics
+
+    stats = SpecStats()
+    for drafted, accepted in ((4, 0), (4, 2), (3, 2), (4, 4)):
+        stats.record(drafted, accepted)
+    text = ServerMetrics("m").render(stats.as_dict()).decode()
+    family = next(f for f in text_string_to_metric_families(text)
+                  if f.name == "radixlm:spec_decode_acceptance_length")  # fmt: skip
+    samples = {(s.name.rsplit("_", 1)[-1], s.labels.get("le")): s.value for s in family.samples}
+    assert samples[("bucket", "0.0")] == 1 and samples[("bucket", "1.0")] == 1
+    assert samples[("bucket", "2.0")] == 3 and samples[("bucket", "+Inf")] == 4
+    assert samples[("count", None)] == 4 and samples[("sum", None)] == 8
