@@ -38,6 +38,10 @@ COUNTERS = {
 DISK = {  # --kv-disk-cache only
     "kv_disk_hits_total": ("disk_hit_tokens", CounterMetricFamily, "Prompt tokens from disk."),
     "kv_disk_read_bytes_total": ("disk_bytes_read", CounterMetricFamily, "Bytes of KV read."),
+    "kv_disk_skipped_tokens_total": (
+        "disk_skipped_tokens", CounterMetricFamily,
+        "Prompt tokens on disk computed again, because that has been faster than loading them.",
+    ),
     "kv_disk_written_bytes_total": (
         "disk_bytes_written", CounterMetricFamily, "Bytes of KV written.",
     ),

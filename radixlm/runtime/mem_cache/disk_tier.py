@@ -5,7 +5,8 @@ write itself runs on the store's thread), so blocks outlive both eviction and th
 a prompt's match in the tree ends, the blocks that follow on disk are read into fresh KV slots
 and inserted into the tree, and the request reuses them as any cached prefix. Blocks start at
 multiples of ``block`` tokens from the prompt's start; a match ending inside a block reuses
-that block's tail.
+that block's tail. A load is skipped when computing the tokens again has been faster
+(``Costs``: a GPU's prefill can beat a slow disk; on a CPU loading wins by far).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class DiskTier:
         self.block = block
         self.hit_tokens = 0
         self.load_s = 0.0
+        self.costs = Costs()
 
     @classmethod
     def open(cls, args: ServerArgs, model_path: str, pool: KVPool) -> DiskTier:
@@ -82,8 +84,14 @@ class DiskTier:
             return None  # NOTE: the match covers every whole block: nothing to hash or read
         start_time = time.perf_counter()
         hashes = block_hashes(ids, self.block)
+        stored = next((i for i in range(first, len(hashes)) if hashes[i] not in self.store),
+                      len(hashes))  # fmt: skip
+        if stored * self.block <= matched or not self.costs.worth_loading(
+            stored * self.block - matched
+        ):
+            return None
         payloads = []
-        for i in range(first, len(hashes)):
+        for i in range(first, stored):
             payload = self.store.get(hashes[i], ids[i * self.block : (i + 1) * self.block])
             if payload is None:
                 break
@@ -100,7 +108,9 @@ class DiskTier:
         for layer in range(len(self.pool.k)):
             self.pool.write(layer, at, kv[0, layer], kv[1, layer])
         self.hit_tokens += len(slots)
-        self.load_s += time.perf_counter() - start_time
+        spent = time.perf_counter() - start_time
+        self.load_s += spent
+        self.costs.loaded(len(slots), spent)
         return Restored(slots, matched)
 
     def _gather(self, slots: torch.Tensor) -> torch.Tensor:
@@ -126,4 +136,43 @@ class DiskTier:
             "disk_bytes_read": s.bytes_read,
             "disk_bytes_written": s.bytes_written,
             "disk_rejected_blocks": s.rejected,
+            "disk_skipped_tokens": self.costs.skipped_tokens,
         }
+
+
+class Costs:
+    """Whether loading a prefix from disk beats computing it again, from measured speeds: the
+    seconds per token of past loads and of past prefill steps (moving averages). Until both
+    are known, load. Every ``PROBE_EVERY``-th skipped load is made anyway, so the load
+    speed stays current."""
+
+    SMOOTHING = 0.2
+    MIN_PREFILL_TOKENS = 64  # NOTE: smaller steps measure the step's overhead, not prefill
+    PROBE_EVERY = 16
+
+    def __init__(self) -> None:
+        self.load_s_per_token: float | None = None
+        self.prefill_s_per_token: float | None = None
+        self.skipped_tokens = 0
+        self._skips = 0
+
+    def loaded(self, tokens: int, seconds: float) -> None:
+        if tokens > 0:
+            self.load_s_per_token = self._average(self.load_s_per_token, seconds / tokens)
+
+    def prefilled(self, tokens: int, seconds: float) -> None:
+        if tokens >= self.MIN_PREFILL_TOKENS:
+            self.prefill_s_per_token = self._average(self.prefill_s_per_token, seconds / tokens)
+
+    def worth_loading(self, tokens: int) -> bool:
+        load, prefill = self.load_s_per_token, self.prefill_s_per_token
+        if load is None or prefill is None or load < prefill:
+            return True
+        self._skips += 1
+        if self._skips % self.PROBE_EVERY == 0:
+            return True
+        self.skipped_tokens += tokens
+        return False
+
+    def _average(self, old: float | None, new: float) -> float:
+        return new if old is None else old + self.SMOOTHING * (new - old)

@@ -153,10 +153,20 @@ class Scheduler:
             # generating request in _sample's order.
             generating = [info.req for info in _generating(sampled)]
             masks = self.grammars.start_bitmask(generating, self.runner.config.vocab_size)
+            start = time.perf_counter()
             logits = self.runner.forward(batch)
+            if self.cache.disk is not None:  # NOTE: whether a disk load beats recomputing
+                self._time_prefill(plan.num_tokens, logits, start)
             self._postprocess(plan, rows, sampled, logits, masks)
         out, self.outbox = self.outbox, []
         return out
+
+    def _time_prefill(self, tokens: int, logits: torch.Tensor, start: float) -> None:
+        costs = self.cache.disk.costs
+        if tokens >= costs.MIN_PREFILL_TOKENS:
+            if logits.is_cuda:
+                torch.cuda.synchronize(logits.device)  # NOTE: sampling waits for it anyway
+            costs.prefilled(tokens, time.perf_counter() - start)
 
     def _schedule(self) -> StepPlan:
         plan = StepPlan()

@@ -176,3 +176,21 @@ def test_bad_disk_cache_options_name_the_field(kw, message):
 
     with pytest.raises(ValueError, match=message):
         ServerArgs(**kw)
+
+
+def test_loads_are_skipped_where_recomputing_has_been_faster():
+    from radixlm.runtime.mem_cache.disk_tier import Costs
+
+    costs = Costs()
+    assert costs.worth_loading(100)  # NOTE: nothing measured yet: load
+    costs.loaded(100, 0.5)
+    assert costs.worth_loading(100)  # NOTE: prefill speed still unknown
+    costs.prefilled(10, 0.0001)  # NOTE: too few tokens to measure prefill by
+    assert costs.prefill_s_per_token is None
+    costs.prefilled(200, 0.2)  # 1 ms a token, against 5 ms a token to load
+    decisions = [costs.worth_loading(100) for _ in range(Costs.PROBE_EVERY)]
+    assert decisions == [False] * (Costs.PROBE_EVERY - 1) + [True]  # NOTE: a probe keeps it fresh
+    assert costs.skipped_tokens == 100 * (Costs.PROBE_EVERY - 1)
+    for _ in range(20):
+        costs.loaded(100, 0.01)  # the disk got faster: 0.1 ms a token
+    assert costs.worth_loading(100)
