@@ -1,4 +1,4 @@
-"""Schema-constrained extraction: jump-forward on vs off, outlines vs llguidance.
+"""Schema-constrained extraction: jump-forward on vs off, outlines vs llguidance vs xgrammar.
 
 In-process scheduler on the embedded SmolLM2 (the engine core, without the process hops, so the
 grammar's share of a step is measured exactly): throughput and validity per configuration,
@@ -174,7 +174,7 @@ def main() -> None:
     ap.add_argument("--compile-repeats", type=int, default=3)
     args = ap.parse_args()
     results, compiles = {}, {}
-    for backend in ("outlines", "llguidance"):
+    for backend in ("outlines", "llguidance", "xgrammar"):
         log(f"compile times, {backend}")
         compiles[backend] = compile_times(backend, args.compile_repeats)
         for jf in (True, False):
@@ -187,6 +187,10 @@ def main() -> None:
         / results[f"{b}_jump_forward_off"]["req_s"]
         for b in compiles
     }
+    for b in ("llguidance", "xgrammar"):
+        ratios[f"{b}_vs_outlines"] = (
+            results[f"{b}_jump_forward_on"]["req_s"] / results["outlines_jump_forward_on"]["req_s"]
+        )
     save(
         "bench_json",
         {"args": vars(args), "results": results, "compile": compiles, "ratios": ratios},

@@ -27,6 +27,8 @@ class StopChecker:
         n = len(req.output_ids)
         if req.grammar is not None and req.grammar.is_terminated():
             return Finish.stop(token if token in self.eos_ids else None)
+        if n < p.min_new_tokens:  # NOTE: as SGLang and vLLM: no stop of any kind before it
+            return self._length_limit(req, n)
         if (token in self.eos_ids and not p.ignore_eos) or token in p.stop_token_ids:
             return Finish.stop(token)
         if p.stop:
@@ -37,7 +39,10 @@ class StopChecker:
             matched = self._stop_regex(req)
             if matched is not None:
                 return Finish.stop(matched)
-        if n >= p.max_new_tokens or req.seq_len >= self.context_len:
+        return self._length_limit(req, n)
+
+    def _length_limit(self, req: Req, n: int) -> Finish | None:
+        if n >= req.params.max_new_tokens or req.seq_len >= self.context_len:
             return Finish.length_limit(n)
         return None
 

@@ -55,6 +55,18 @@ def test_min_new_tokens_holds_back_eos(smol_engine):
     assert longer["meta_info"]["completion_tokens"] >= n + 5
 
 
+def test_min_new_tokens_holds_back_stop_strings_too(tiny_engine):
+    """As SGLang and vLLM: before ``min_new_tokens`` no stop of any kind ends the output."""
+    params = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
+    free = tiny_engine.generate(PROMPT, params)
+    stop = tiny_engine.tokenizer.decode(free["output_ids"][1:2])  # the second token's text
+    early = tiny_engine.generate(PROMPT, {**params, "stop": [stop]})
+    assert early["meta_info"]["completion_tokens"] <= 2
+    held = tiny_engine.generate(PROMPT, {**params, "stop": [stop], "min_new_tokens": 8})
+    assert held["meta_info"]["completion_tokens"] >= 8
+    assert held["output_ids"][:8] == free["output_ids"][:8]
+
+
 def test_output_logprobs_match_prompt_logprobs(tiny_engine):
     out = tiny_engine.generate(
         PROMPT, {"max_new_tokens": 6, "temperature": 0}, return_logprob=True, top_logprobs_num=3
