@@ -30,6 +30,17 @@ TINY_SHAPES = {
 
 
 @pytest.fixture(scope="session")
+def smol_server():
+    """A server on the embedded SmolLM2-135M-Instruct, for checks that need a meaningful model
+    (tests/server and tests/compat share it)."""
+    from tests.server.server_helpers import launch_server
+
+    server = launch_server(None, "--max-total-tokens", "8192", "--chunked-prefill-size", "512")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
 def smollm_path() -> str:
     return default_model_path()
 

@@ -20,11 +20,14 @@ OPENAI_NAMES = {
 FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
-def openai_message(message: str) -> tuple[str, str | None]:
-    """A runtime error message in OpenAI's parameter names, and the parameter it is about."""
+def openai_message(message: str) -> tuple[str, str | None, str | None]:
+    """A runtime error message in OpenAI's parameter names, the parameter it is about, and
+    OpenAI's error code where it has one (``context_length_exceeded``, which clients test)."""
     for ours, theirs in OPENAI_NAMES.items():
         message = message.replace(ours, theirs)
-    return message, guess_param(message)
+    if "maximum context length" in message:
+        return message, None, "context_length_exceeded"
+    return message, guess_param(message), None
 
 
 def sampling_params(req: SamplingFields, max_tokens: int | None) -> dict[str, Any]:

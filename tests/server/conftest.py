@@ -21,14 +21,6 @@ def tiny_server(tiny_llama):
         server.stop()
 
 
-@pytest.fixture(scope="session")
-def smol_server():
-    """The embedded SmolLM2-135M-Instruct, for checks that need a meaningful model."""
-    server = launch_server(None, "--max-total-tokens", "8192", "--chunked-prefill-size", "512")
-    yield server
-    server.stop()
-
-
 @pytest.fixture()
 def tiny_client(tiny_server):
     with tiny_server.client() as client:

@@ -186,6 +186,7 @@ def test_context_overflow_uses_the_phrases_clients_match_on(client):
     message = info.value.body["message"]
     assert "maximum context length is 1024 tokens" in message
     assert "longer than the model's context length" in message and "max_tokens" in message
+    assert info.value.body["code"] == info.value.code == "context_length_exceeded"
 
 
 def test_chat_prefill_continues_the_last_assistant_message(tiny_server, smollm_tokenizer):
