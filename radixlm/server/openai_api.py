@@ -266,7 +266,7 @@ async def _chat_frames(call: Call) -> AsyncIterator[str]:
         meta = chunk["meta_info"]
         if first:
             role = {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None}
-            yield sse(_chunk(call, obj, {**role, "finish_reason": None}, progress))
+            yield sse(_chunk(call, obj, {**role, "finish_reason": None}, progress, opening=i))
         if progress.idle(i, text, lp_start, meta):
             continue
         delta = streams[i].feed(text)
@@ -293,13 +293,18 @@ def joined(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _chunk(call: Call, obj: str, choice: dict[str, Any], progress: _Progress) -> dict[str, Any]:
+def _chunk(
+    call: Call, obj: str, choice: dict[str, Any], progress: _Progress, opening: int | None = None
+) -> dict[str, Any]:
+    """One stream chunk; ``opening``: the choice whose role chunk this is (its tokens are not
+    sent yet, so its usage counts none of them)."""
     out = call.envelope(obj, [choice])
     if call.body.continuous_usage:  # NOTE: counts so far, over the choices heard from
         n = call.body.n
         prompts = [progress.latest[i] for i in range(0, len(progress.latest), n)]
         prompt = sum(c["meta_info"]["prompt_tokens"] for c in prompts if c is not None)
-        done = sum(c["meta_info"]["completion_tokens"] for c in progress.latest if c is not None)
+        done = sum(c["meta_info"]["completion_tokens"] for i, c in enumerate(progress.latest)
+                   if c is not None and i != opening)  # fmt: skip
         out["usage"] = {
             "prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done
         }

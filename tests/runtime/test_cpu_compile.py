@@ -50,6 +50,7 @@ def test_compiled_decode_matches_eager(tiny_llama, dtype):
     graphs = runner.cpu_graphs
     assert graphs is not None and graphs.wait(600), "compiling took over 10 minutes"
     assert runner.cpu_compile_status == "ready", runner.cpu_compile_status
+    tol = 1e-4 if dtype == "float32" else 5e-2
     for rows in ([0], [0, 1, 2]):
         compiled = decode_logits(runner, rows, steps=6)
         graphs.ready.clear()  # NOTE: the same steps again, eagerly
@@ -57,8 +58,32 @@ def test_compiled_decode_matches_eager(tiny_llama, dtype):
         graphs.ready.update(graphs.compile_s)
         for c, e in zip(compiled, eager):
             assert torch.equal(c.argmax(-1), e.argmax(-1))
-            tol = 1e-4 if dtype == "float32" else 5e-2
             torch.testing.assert_close(c, e, atol=tol, rtol=tol)
+    # NOTE: speculative verify steps (several tokens of a request, all with logits) of every
+    # size up to 8 tokens; each must find its graph, not compile one
+    for extends in ([1, 1], [3, 1], [4, 1], [4, 2], [4, 4]):
+        verify = verify_step(runner, extends)
+        assert graphs.can_run(verify)
+        with torch.inference_mode():  # NOTE: as ModelRunner.forward runs it
+            compiled = graphs.forward(verify)
+        assert compiled is not None, f"{sum(extends)} tokens: no compiled graph fits"
+        graphs.ready.clear()
+        eager = runner.forward(verify_step(runner, extends))
+        graphs.ready.update(graphs.compile_s)
+        torch.testing.assert_close(compiled, eager, atol=tol, rtol=tol)
+
+
+def verify_step(runner: ModelRunner, extends: list[int]) -> ForwardBatch:
+    """After the prompts 0 and 1 (prefilled by decode_logits), ``extends[i]`` new tokens of
+    request i, every one needing logits."""
+    table, lens = runner.req_pool.table, [len(PROMPTS[0]), len(PROMPTS[1])]
+    ids = [t for i, e in enumerate(extends) for t in PROMPTS[2][i : i + e]]
+    slots = [table[i, n : n + e] for i, (n, e) in enumerate(zip(lens, extends))]
+    return ForwardBatch.build(
+        input_ids=ids, prefix_lens=lens, extend_lens=extends, req_slots=[0, 1],
+        out_cache_loc=torch.cat(slots),
+        logits_indices=list(range(len(ids))), req_to_token=table,
+    )  # fmt: skip
 
 
 def test_engine_greedy_text_is_the_same_compiled(tiny_llama):

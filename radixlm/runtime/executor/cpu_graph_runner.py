@@ -6,9 +6,12 @@ as much as the matmuls (SmolLM2-135M: ~11 of ~22 ms a token). ``torch.compile`` 
 backend) fuses them: the model's own ``forward`` is traced with :class:`DecodeAttention` in place
 of the attention backend, over :class:`DecodeInputs` in place of a ``ForwardBatch``.
 
-Two graphs, by batch size: one request (its own graph: single-stream decode is the common case)
-and 2..``MAX_ROWS`` requests, each over any context length (a dynamic dimension). Larger decode
-batches are compute-bound and stay eager, as do prefill and speculative verify steps.
+A graph's rows are tokens, each with its own request's KV slots and a causal key mask, so the
+same graphs run decode steps and speculative verify steps (several tokens of a request, each
+needing logits). Three graphs, by token count: one token (single-stream decode, the common
+case), 2..4 and 5..8 (the int8 head takes at most 4 rows), each over any context length (a
+dynamic dimension). Larger steps are compute-bound and stay eager, as do prefill chunks (they
+need logits for their last token only).
 
 The graphs compile on a background thread at start-up; steps run eagerly until their graph is
 ready, so no request waits for a compile (a busy start-up is slower meanwhile). Inductor keeps
@@ -29,29 +32,33 @@ from radixlm.runtime.executor.attention.torch_backend import _gather, grouped_at
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.mem_cache.memory_pool import KVPool
 from radixlm.runtime.models.quant import MAX_INT4_ROWS
+from radixlm.runtime.models.quant_head import MAX_INT8_HEAD_ROWS
 
 logger = logging.getLogger(__name__)
 
 MAX_ROWS = MAX_INT4_ROWS  # NOTE: beyond the int4 rows a step is compute-bound: eager is as fast
+BUCKETS = ((1, 1), (2, MAX_INT8_HEAD_ROWS), (MAX_INT8_HEAD_ROWS + 1, MAX_ROWS))  # token counts
 WARMUP_LEN = 16  # context length of the compile-time example (the dimension is dynamic)
 
 
 @dataclass
 class DecodeInputs:
-    """What the model's forward reads of a decode batch, as tensors only."""
+    """What the model's forward reads of a step whose every token needs logits, as tensors
+    only; row ``t`` is the step's token ``t``."""
 
-    input_ids: torch.Tensor  # [B]
-    positions: torch.Tensor  # [B]
-    logits_indices: torch.Tensor  # [B]
-    out_cache_loc: torch.Tensor  # [B] the KV slot each new token writes
-    kv_index: torch.Tensor  # [B, L] each request's KV slots (past its length: masked)
-    key_mask: torch.Tensor  # [B, L] True for the slots a request attends to
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    logits_indices: torch.Tensor  # [T] = arange(T)
+    out_cache_loc: torch.Tensor  # [T] the KV slot each new token writes
+    kv_index: torch.Tensor  # [T, L] the KV slots of each token's request
+    key_mask: torch.Tensor  # [T, L] True for the slots a token attends to (causal)
 
 
 class DecodeAttention:
-    """The torch backend's decode attention (write the new K/V, gather each request's KV,
-    grouped attention, float32 for a single row) without its Python-side planning, so that a
-    whole step traces into one graph."""
+    """The torch backend's decode attention, one query row per token (write the new K/V,
+    gather each token's request's KV, grouped attention under its causal mask, float32 for a
+    single row), without the backend's Python-side planning, so that a step traces into one
+    graph."""
 
     def __init__(self, kv_pool: KVPool, scale: float) -> None:
         self.kv_pool, self.scale = kv_pool, scale
@@ -83,6 +90,7 @@ class CpuGraphRunner:
         self.ready: set[str] = set()
         self.compile_s: dict[str, float] = {}
         self.error: str | None = None
+        self._warned = False
         self._thread = threading.Thread(target=self._compile_all, name="cpu-compile", daemon=True)
         self._thread.start()
 
@@ -90,23 +98,40 @@ class CpuGraphRunner:
     def status(self) -> str:
         if self.error is not None:
             return f"failed: {self.error}"
-        return "ready" if len(self.ready) == 2 else "compiling"
+        return "ready" if len(self.ready) == len(BUCKETS) else "compiling"
 
     def can_run(self, batch: ForwardBatch) -> bool:
-        return batch.is_decode and _bucket(batch.batch_size) in self.ready
+        """A step of at most ``MAX_ROWS`` tokens that all need logits (decode, verify), whose
+        graph is compiled."""
+        tokens = batch.input_ids.shape[0]
+        if _bucket(tokens) not in self.ready or batch.logits_indices.shape[0] != tokens:
+            return False
+        return bool(torch.equal(batch.logits_indices, torch.arange(tokens)))
 
-    def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """Logits ``[B, vocab]`` of a decode batch, from its compiled graph."""
+    def forward(self, batch: ForwardBatch) -> torch.Tensor | None:
+        """Logits ``[T, vocab]`` of the step, from its compiled graph; None when no graph fits
+        it (a guard the start-up compile did not foresee: the step then runs eagerly rather
+        than wait for a compile)."""
         length = max(batch.seq_lens_list)
-        kv_index = batch.req_to_token[batch.req_slots, :length]
-        key_mask = torch.arange(length)[None, :] < batch.seq_lens[:, None]
+        owner = torch.repeat_interleave(batch.req_slots, batch.extend_lens)
+        kv_index = batch.req_to_token[owner, :length]
+        key_mask = torch.arange(length)[None, :] <= batch.positions[:, None]
         # NOTE: copies made here, in inference mode as the compile's were: a tensor made outside
         # it fails the graph's guards and compiles the step again
         inputs = DecodeInputs(
             batch.input_ids.clone(), batch.positions.clone(), batch.logits_indices.clone(),
             batch.out_cache_loc.clone(), kv_index, key_mask,
         )  # fmt: skip
-        return self._run(inputs)
+        try:
+            with torch._dynamo.config.patch(error_on_recompile=True):
+                return self._run(inputs)
+        except torch._dynamo.exc.RecompileError as e:
+            if not self._warned:
+                self._warned = True
+                reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+                logger.warning("a %d-token step fits no compiled graph; such steps run "
+                               "eagerly: %s", len(batch.input_ids), reason)  # fmt: skip
+            return None
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every graph compiled (or failed); False on timeout."""
@@ -124,7 +149,7 @@ class CpuGraphRunner:
 
     @torch.inference_mode()
     def _compile_all(self) -> None:
-        for rows in (1, 2):
+        for rows, _ in BUCKETS:
             start = time.perf_counter()
             try:
                 self._run(_scratch_inputs(rows))
@@ -135,18 +160,19 @@ class CpuGraphRunner:
             bucket = _bucket(rows)
             self.compile_s[bucket] = round(time.perf_counter() - start, 1)
             self.ready.add(bucket)
-            logger.info("compiled CPU decode steps of %s request(s) in %.1f s",
+            logger.info("compiled CPU steps of %s token(s) in %.1f s",
                         bucket, self.compile_s[bucket])  # fmt: skip
 
 
-def _bucket(rows: int) -> str | None:
-    if rows == 1:
-        return "1"
-    return f"2-{MAX_ROWS}" if 2 <= rows <= MAX_ROWS else None
+def _bucket(tokens: int) -> str | None:
+    for low, high in BUCKETS:
+        if low <= tokens <= high:
+            return str(low) if low == high else f"{low}-{high}"
+    return None
 
 
 def _scratch_inputs(rows: int) -> DecodeInputs:
-    """A decode batch that writes and reads only slot 0, the pool's scratch slot."""
+    """A step that writes and reads only slot 0, the pool's scratch slot."""
     zeros = torch.zeros(rows, dtype=torch.int64)
     return DecodeInputs(
         input_ids=zeros, positions=zeros.clone(), logits_indices=torch.arange(rows),
