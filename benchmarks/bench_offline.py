@@ -21,7 +21,7 @@ from contextlib import contextmanager
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-from common import bar_chart, log, save  # noqa: E402
+from common import bar_chart, log, save, wait_compiled  # noqa: E402
 
 PROMPT = "Write a long story about a robot who learns to paint."
 
@@ -46,12 +46,7 @@ def engine_runs(
     with Engine(dtype=dtype, max_total_tokens=16384, disable_cpu_compile=not compiled) as engine:
         p = {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}
         engine.generate(PROMPT, {**p, "max_new_tokens": 4})  # warm-up
-        start = time.perf_counter()
-        while engine.get_server_info()["stats"]["cpu_compile"] == "compiling":
-            time.sleep(1)  # NOTE: decode steps run eagerly until their graphs are compiled
-        if compiled:
-            status = engine.get_server_info()["stats"]["cpu_compile"]
-            log(f"  compiled decode: {status} after {time.perf_counter() - start:.0f} s")
+        wait_compiled(engine)
 
         def single() -> float:
             engine.flush_cache()

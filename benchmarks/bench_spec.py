@@ -16,7 +16,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_serving import sharegpt_requests  # noqa: E402
-from common import bar_chart, log, save  # noqa: E402
+from common import bar_chart, log, save, wait_compiled  # noqa: E402
 
 DOCUMENT = (
     "Invoice 4471 from Northwind Traders, dated 12 March 2024, is addressed to Contoso Ltd, "
@@ -61,6 +61,7 @@ def run_radixlm(prompts: dict[str, list[str]], new_tokens: int, spec: bool) -> d
     greedy = {"max_new_tokens": new_tokens, "temperature": 0}
     with Engine(max_total_tokens=16384, **kw) as engine:
         engine.generate("warm up", {"max_new_tokens": 4})
+        wait_compiled(engine)
         for name, batch in prompts.items():
             engine.flush_cache()
             texts = []

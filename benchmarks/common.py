@@ -66,3 +66,16 @@ def bar_chart(name: str, labels: list[str], values: list[float], ylabel: str, ti
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def wait_compiled(engine) -> str:
+    """Wait until the engine's compiled CPU steps are ready (they compile in the background
+    while steps run eagerly); the final status."""
+    import time
+
+    start = time.perf_counter()
+    while (status := engine.get_server_info()["stats"]["cpu_compile"]) == "compiling":
+        time.sleep(1)
+    if status != "off":
+        log(f"  compiled CPU steps: {status} after {time.perf_counter() - start:.0f} s")
+    return status

@@ -13,8 +13,9 @@ case), 2..4 and 5..8 (the int8 head takes at most 4 rows), each over any context
 dynamic dimension). Larger steps are compute-bound and stay eager, as do prefill chunks (they
 need logits for their last token only).
 
-The graphs compile on a background thread at start-up; steps run eagerly until their graph is
-ready, so no request waits for a compile (a busy start-up is slower meanwhile). Inductor keeps
+The graphs compile on a background thread started once the scheduler reported ready (``start``),
+so start-up does not share the CPU with it; steps run eagerly until their graph is ready, so no
+request waits for a compile. Inductor keeps
 its kernels on disk (``TORCHINDUCTOR_CACHE_DIR``), so a restart compiles in a fraction of the
 first time. ``--disable-cpu-compile`` (or ``RADIXLM_DISABLE_CPU_COMPILE=1``) turns it off.
 """
@@ -81,18 +82,18 @@ class CpuGraphRunner:
     ``can_run``."""
 
     def __init__(self, model: torch.nn.Module, attention: DecodeAttention) -> None:
-        import torch._inductor.config as inductor
-
-        inductor.compile_threads = 1  # NOTE: no pool of compile processes beside the scheduler
-        inductor.emulate_precision_casts = True  # NOTE: bf16 rounding where eager rounds
         self.model, self.attention = model, attention
-        self.compiled = torch.compile(model.forward, dynamic=None)
+        self.compiled = None  # NOTE: made on the thread: importing dynamo takes seconds
         self.ready: set[str] = set()
         self.compile_s: dict[str, float] = {}
         self.error: str | None = None
         self._warned = False
         self._thread = threading.Thread(target=self._compile_all, name="cpu-compile", daemon=True)
-        self._thread.start()
+
+    def start(self) -> None:
+        """Start compiling in the background (once); steps run eagerly until then."""
+        if self._thread.ident is None:
+            self._thread.start()
 
     @property
     def status(self) -> str:
@@ -134,7 +135,9 @@ class CpuGraphRunner:
             return None
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until every graph compiled (or failed); False on timeout."""
+        """Start compiling if needed and block until every graph compiled (or failed); False
+        on timeout."""
+        self.start()
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
@@ -149,6 +152,11 @@ class CpuGraphRunner:
 
     @torch.inference_mode()
     def _compile_all(self) -> None:
+        import torch._inductor.config as inductor
+
+        inductor.compile_threads = 1  # NOTE: no pool of compile processes beside the scheduler
+        inductor.emulate_precision_casts = True  # NOTE: bf16 rounding where eager rounds
+        self.compiled = torch.compile(self.model.forward, dynamic=None)
         for rows, _ in BUCKETS:
             start = time.perf_counter()
             try:

@@ -45,6 +45,8 @@ def run_scheduler_process(
         )
         return
     ready_pipe.send({"ok": True, **model_info(scheduler)})
+    if scheduler.runner.cpu_graphs is not None:
+        scheduler.runner.cpu_graphs.start()  # NOTE: after ready: start-up does not share the CPU
     # NOTE: SIGTERM (the launcher's shutdown) ends the loop cleanly: the disk tier's queued
     # writes finish before the process exits
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
