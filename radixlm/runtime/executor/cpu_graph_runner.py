@@ -83,11 +83,10 @@ class CpuGraphRunner:
 
     def __init__(self, model: torch.nn.Module, attention: DecodeAttention) -> None:
         self.model, self.attention = model, attention
-        self.compiled = None  # NOTE: made on the thread: importing dynamo takes seconds
+        self.compiled = self._lookup = None  # NOTE: made on the thread: dynamo imports slowly
         self.ready: set[str] = set()
         self.compile_s: dict[str, float] = {}
         self.error: str | None = None
-        self._warned = False
         self._thread = threading.Thread(target=self._compile_all, name="cpu-compile", daemon=True)
 
     def start(self) -> None:
@@ -109,30 +108,26 @@ class CpuGraphRunner:
             return False
         return bool(torch.equal(batch.logits_indices, torch.arange(tokens)))
 
-    def forward(self, batch: ForwardBatch) -> torch.Tensor | None:
-        """Logits ``[T, vocab]`` of the step, from its compiled graph; None when no graph fits
-        it (a guard the start-up compile did not foresee: the step then runs eagerly rather
-        than wait for a compile)."""
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """Logits ``[T, vocab]`` of the step, from its compiled graph. The call only looks
+        graphs up (``torch._dynamo.run``): a step that no graph fits (a guard the start-up
+        compile did not foresee) runs the same code eagerly instead of compiling in the
+        serving path, and this thread never changes dynamo's global settings while the compile
+        thread works."""
+        return self._run(self._lookup, self.inputs(batch))
+
+    def inputs(self, batch: ForwardBatch) -> DecodeInputs:
+        """The graphs' inputs for ``batch``: one row per token."""
         length = max(batch.seq_lens_list)
         owner = torch.repeat_interleave(batch.req_slots, batch.extend_lens)
         kv_index = batch.req_to_token[owner, :length]
         key_mask = torch.arange(length)[None, :] <= batch.positions[:, None]
         # NOTE: copies made here, in inference mode as the compile's were: a tensor made outside
-        # it fails the graph's guards and compiles the step again
-        inputs = DecodeInputs(
+        # it fails the graphs' guards (the step would run eagerly)
+        return DecodeInputs(
             batch.input_ids.clone(), batch.positions.clone(), batch.logits_indices.clone(),
             batch.out_cache_loc.clone(), kv_index, key_mask,
         )  # fmt: skip
-        try:
-            with torch._dynamo.config.patch(error_on_recompile=True):
-                return self._run(inputs)
-        except torch._dynamo.exc.RecompileError as e:
-            if not self._warned:
-                self._warned = True
-                reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-                logger.warning("a %d-token step fits no compiled graph; such steps run "
-                               "eagerly: %s", len(batch.input_ids), reason)  # fmt: skip
-            return None
 
     def wait(self, timeout: float | None = None) -> bool:
         """Start compiling if needed and block until every graph compiled (or failed); False
@@ -141,14 +136,14 @@ class CpuGraphRunner:
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
-    def _run(self, inputs: DecodeInputs) -> torch.Tensor:
+    def _run(self, fn, inputs: DecodeInputs) -> torch.Tensor:
         for t in (inputs.kv_index, inputs.key_mask):
             torch._dynamo.maybe_mark_dynamic(t, 1)
         if inputs.input_ids.shape[0] > 1:
             for t in (inputs.input_ids, inputs.positions, inputs.logits_indices,
                       inputs.out_cache_loc, inputs.kv_index, inputs.key_mask):  # fmt: skip
                 torch._dynamo.maybe_mark_dynamic(t, 0)
-        return self.compiled(inputs, self.attention)
+        return fn(inputs, self.attention)
 
     @torch.inference_mode()
     def _compile_all(self) -> None:
@@ -157,10 +152,11 @@ class CpuGraphRunner:
         inductor.compile_threads = 1  # NOTE: no pool of compile processes beside the scheduler
         inductor.emulate_precision_casts = True  # NOTE: bf16 rounding where eager rounds
         self.compiled = torch.compile(self.model.forward, dynamic=None)
+        self._lookup = torch._dynamo.run(self.model.forward)  # NOTE: the graphs, never a compile
         for rows, _ in BUCKETS:
             start = time.perf_counter()
             try:
-                self._run(_scratch_inputs(rows))
+                self._run(self.compiled, _scratch_inputs(rows))
             except Exception as e:  # noqa: BLE001  (eager steps go on; the reason is reported)
                 self.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                 logger.warning("CPU decode compile failed, decode stays eager: %s", self.error)

@@ -137,9 +137,7 @@ class ModelRunner:
         if self.graph_runner is not None and self.graph_runner.can_run(batch):
             return self.graph_runner.forward(batch)
         if self.cpu_graphs is not None and self.cpu_graphs.can_run(batch):
-            logits = self.cpu_graphs.forward(batch)
-            if logits is not None:
-                return logits
+            return self.cpu_graphs.forward(batch)
         self.backend.prepare(batch)
         return self.model(batch, self.backend)
 
