@@ -214,10 +214,11 @@ class OutputItems:
     def _call(self, delta: dict[str, Any]) -> list[dict]:
         events = []
         fn = delta.get("function", {})
-        if "name" in fn:
+        if "name" in fn or delta["index"] not in self.calls:  # NOTE: a call's first delta
             events += self._close("completed")
-            item = {"type": "function_call", "id": new_id("fc"), "call_id": delta["id"],
-                    "name": fn["name"], "arguments": "", "status": "in_progress"}  # fmt: skip
+            item = {"type": "function_call", "id": new_id("fc"),
+                    "call_id": delta.get("id") or new_id("call"), "name": fn.get("name", ""),
+                    "arguments": "", "status": "in_progress"}  # fmt: skip
             self.calls[delta["index"]] = item
             events += self._add(item)
         args = fn.get("arguments")
