@@ -17,15 +17,19 @@ cannot be compiled: ``compile()`` raises CompileError rather than keep one arbit
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import inspect
-import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from radixlm.lang.executor import ProgramError, StreamExecutor
+from radixlm.lang.comp_graph import (
+    CompGraphNode,
+    CompileError,
+    collect_streams,
+    topological_order,
+)
 from radixlm.lang.function import _backend, split_sampling_kwargs
 from radixlm.lang.global_config import global_config
+from radixlm.lang.graph_executor import GraphExecutor, Slot
 from radixlm.lang.ir import (
     SglArgument,
     SglExpr,
@@ -53,11 +57,6 @@ _TRACE_ERRORS = (TypeError, AttributeError, KeyError, IndexError)
 _PRODUCERS = (SglGen, SglSelect, SglVarScopeEnd, SglSeparateReasoning)
 
 
-class CompileError(TypeError):
-    """The program cannot be compiled: its code depends on values that exist only when it runs.
-    A TypeError, like the one SGLang raises when a traced argument is used as a value."""
-
-
 def compile_func(function: SglFunction, backend: Any = None) -> CompiledFunction:
     """Trace ``function`` once (on ``backend``, else the default one) and compile the graph."""
     resolved = _backend(backend, required=False)
@@ -71,36 +70,6 @@ def compile_func(function: SglFunction, backend: Any = None) -> CompiledFunction
             "arguments its code inspects)"
         ) from e
     return CompiledFunction(tracer, function, resolved)
-
-
-class CompGraphNode:
-    """One expression of the graph, in stream ``stream`` after ``prev_node``. It also waits for
-    ``source_nodes``: the producer of a variable it reads, the fork that starts its branch, or
-    the last expressions of the branches it joins."""
-
-    def __init__(self, expr: SglExpr, stream: int, index: int) -> None:
-        self.expr = expr
-        self.stream = stream
-        self.index = index
-        self.prev_node: CompGraphNode | None = None
-        self.source_nodes: list[CompGraphNode] = []
-        self.next_nodes: list[CompGraphNode] = []
-
-    @property
-    def source_node(self) -> CompGraphNode | None:
-        return self.source_nodes[0] if self.source_nodes else None
-
-    def add_next_node(self, other: CompGraphNode) -> None:
-        self.next_nodes.append(other)
-
-    def __repr__(self) -> str:
-        text = f"stream {self.stream:2d}: %{self.expr.node_id} = "
-        if self.prev_node is not None:
-            text += f"%{self.prev_node.expr.node_id} + "
-        text += repr(self.expr)
-        if isinstance(self.expr, (SglVariable, SglJoin)) and self.source_nodes:
-            text += "  <- " + ", ".join(f"%{n.expr.node_id}" for n in self.source_nodes)
-        return text
 
 
 class CompiledFunction:
@@ -118,7 +87,7 @@ class CompiledFunction:
         self._arg_defaults = _argument_defaults(function)
         self._placeholders = {id(v): name for name, v in tracer.arguments.items()
                               if isinstance(v, SglArgument)}
-        self._streams = _collect_streams(tracer)
+        self._streams = collect_streams(tracer)
         self._stream_index = {id(state): i for i, state in enumerate(self._streams)}
         self._stream_nodes = [
             [CompGraphNode(expr, i, k) for k, expr in enumerate(state.nodes)]
@@ -141,7 +110,7 @@ class CompiledFunction:
         for nodes in self._stream_nodes:
             for node in nodes:
                 self._link(node)
-        self.nodes = _topological_order(self._stream_nodes)
+        self.nodes = topological_order(self._stream_nodes)
         self._ret_value = tracer.ret_value
         self._return_reads: dict[int, tuple[CompGraphNode, Any]] = {}
         self._check_return(self._ret_value)
@@ -299,7 +268,7 @@ class CompiledFunction:
 
     def _run_once(self, backend: BaseBackend, args: tuple, kwargs: dict[str, Any],
                   defaults: SglSamplingParams, reraise: bool) -> ProgramState:
-        main = _GraphExecutor(backend, {}, defaults)
+        main = GraphExecutor(backend, {}, defaults)
         state = ProgramState(main)
         try:
             arguments = self._bind(args, kwargs)
@@ -341,15 +310,15 @@ class CompiledFunction:
                                 f"must be a str, not {kind}")
         return values
 
-    def _execute(self, main: _GraphExecutor,
-                 arguments: dict[str, Any]) -> dict[tuple[int, Any], _Slot]:
+    def _execute(self, main: GraphExecutor,
+                 arguments: dict[str, Any]) -> dict[tuple[int, Any], Slot]:
         """Queue every node on its stream's executor, wait for all of them, and return the
         captured variable values."""
-        exes: dict[int, _GraphExecutor] = {0: main}
+        exes: dict[int, GraphExecutor] = {0: main}
         for i, nodes in enumerate(self._stream_nodes[1:], start=1):
             if not nodes or not isinstance(nodes[0].expr, SglGetForkItem):
-                exes[i] = _GraphExecutor(main.backend, {}, main.default_sampling_para)
-        slots: dict[tuple[int, Any], _Slot] = {}
+                exes[i] = GraphExecutor(main.backend, {}, main.default_sampling_para)
+        slots: dict[tuple[int, Any], Slot] = {}
         try:
             for node in self.nodes:
                 self._submit(node, exes, slots, arguments)
@@ -361,8 +330,8 @@ class CompiledFunction:
                     exe.end()
         return slots
 
-    def _submit(self, node: CompGraphNode, exes: dict[int, _GraphExecutor],
-                slots: dict[tuple[int, Any], _Slot], arguments: dict[str, Any]) -> None:
+    def _submit(self, node: CompGraphNode, exes: dict[int, GraphExecutor],
+                slots: dict[tuple[int, Any], Slot], arguments: dict[str, Any]) -> None:
         expr, exe = node.expr, exes[node.stream]
         if isinstance(expr, SglGetForkItem):
             return
@@ -385,11 +354,11 @@ class CompiledFunction:
             expr = _with_arguments(expr, self._params[id(node)], arguments)
         exe.submit(expr)
         for key in self._captures.get(id(node), ()):
-            slots[(id(node), key)] = _Slot(key)
+            slots[(id(node), key)] = Slot(key)
             exe.capture(slots[(id(node), key)], key)
 
     def _resolve(self, value: Any, arguments: dict[str, Any],
-                 slots: dict[tuple[int, Any], _Slot]) -> Any:
+                 slots: dict[tuple[int, Any], Slot]) -> Any:
         """The traced return value with its variables and arguments replaced by their values."""
         if isinstance(value, SglVariable):
             producer, key = self._return_reads[id(value)]
@@ -402,116 +371,6 @@ class CompiledFunction:
         if isinstance(value, dict):
             return {k: self._resolve(v, arguments, slots) for k, v in value.items()}
         return value
-
-
-class _Capture(SglExpr):
-    """Queued after an expression whose variable is read elsewhere: copies the value into
-    ``slot`` as it is then, so that a later gen of the same name cannot change what is read."""
-
-    def __init__(self, slot: _Slot, key: Any) -> None:
-        super().__init__()
-        self.slot = slot
-        self.key = key
-
-    def __repr__(self) -> str:
-        return f"Capture({self.key!r})"
-
-
-class _Slot:
-    """One captured variable value; ``get_var`` (what an SglVariable's source provides) waits
-    for it, and raises ProgramError if its stream failed first."""
-
-    def __init__(self, name: Any) -> None:
-        self.name = name
-        self._lock = threading.Lock()
-        self._done = threading.Event()
-        self._value: Any = None
-        self._error: BaseException | None = None
-
-    def fill(self, value: Any, error: BaseException | None = None) -> None:
-        with self._lock:
-            if self._done.is_set():
-                return
-            self._value, self._error = value, error
-            self._done.set()
-
-    def get_var(self, name: Any) -> Any:
-        self._done.wait()
-        if self._error is not None:
-            raise ProgramError(
-                f"variable {name!r} is unavailable: the program failed with {self._error!r}"
-            ) from self._error
-        return self._value
-
-
-class _GraphExecutor(StreamExecutor):
-    """A StreamExecutor that also fills the slots of the variables other nodes read."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._slots: list[_Slot] = []
-
-    @property
-    def ended(self) -> bool:
-        return self._ended
-
-    def capture(self, slot: _Slot, key: Any) -> None:
-        self._slots.append(slot)
-        self.submit(_Capture(slot, key))
-
-    def _execute(self, expr: SglExpr) -> None:
-        if isinstance(expr, _Capture):
-            expr.slot.fill(self.variables[expr.key])
-        else:
-            super()._execute(expr)
-
-    def _release_events(self) -> None:
-        super()._release_events()
-        error = self.error_ or RuntimeError("the stream stopped")
-        for slot in list(self._slots):
-            slot.fill(None, error)
-
-
-def _collect_streams(tracer: TracerProgramState) -> list[TracerProgramState]:
-    """The traced states: the program's first, then its forks and called programs, breadth
-    first."""
-    streams, seen = [tracer], {id(tracer)}
-    for state in streams:
-        for child in state.child_states:
-            if id(child) not in seen:
-                seen.add(id(child))
-                streams.append(child)
-    return streams
-
-
-def _topological_order(streams: list[list[CompGraphNode]]) -> list[CompGraphNode]:
-    """Every node after its dependencies. Forks and joins wait on the calling thread, so they
-    come as late as possible, once everything that does not depend on them is queued."""
-    waiting, ready = {}, []
-    for nodes in streams:
-        for node in nodes:
-            deps = [node.prev_node] if node.prev_node is not None else []
-            deps += node.source_nodes
-            for dep in deps:
-                dep.add_next_node(node)
-            waiting[id(node)] = len(deps)
-            if not deps:
-                heapq.heappush(ready, (_blocks(node), node.stream, node.index, node))
-    order = []
-    while ready:
-        node = heapq.heappop(ready)[-1]
-        order.append(node)
-        for after in node.next_nodes:
-            waiting[id(after)] -= 1
-            if waiting[id(after)] == 0:
-                heapq.heappush(ready, (_blocks(after), after.stream, after.index, after))
-    if len(order) != len(waiting):
-        raise CompileError("the program's streams wait for each other in a cycle")
-    return order
-
-
-def _blocks(node: CompGraphNode) -> bool:
-    return isinstance(node.expr, (SglFork, SglJoin))
 
 
 def _argument_defaults(function: SglFunction) -> dict[str, Any]:
