@@ -1,11 +1,13 @@
 """Offline decode speed: the Engine (bf16 with compiled and with eager decode steps, fp32) against
-Hugging Face ``generate()`` (fp32, bf16) and llama.cpp (the same Q4_1 GGUF, llama-cpp-python).
+Hugging Face ``generate()`` (fp32, bf16), llama.cpp (the same Q4_1 GGUF, llama-cpp-python) and,
+when its venv is there, vLLM's CPU build (bf16, the GGUF dequantized; see ``vllm_peer.py``).
 
 Single-stream decode tok/s and batch-32 aggregate throughput on the embedded SmolLM2 (llama.cpp's
 Python API generates one sequence at a time, so its batch is the prompts one after another), and
 the busy-machine variant: single-stream again while another process keeps one core busy.
-llama.cpp gets as many threads as radixlm's scheduler (``--threads``, default radixlm's own).
-Run: ``.venv/bin/python benchmarks/bench_offline.py [--new-tokens 128] [--batch 32]``
+llama.cpp and vLLM get as many threads as radixlm's scheduler (``--threads``, default radixlm's
+own); vLLM batches the prompts itself.
+Run: ``.venv/bin/python benchmarks/bench_offline.py [--new-tokens 128] [--batch 32] [--skip-vllm]``
 """
 
 from __future__ import annotations
@@ -114,11 +116,26 @@ def llamacpp_runs(new_tokens: int, batch: int, threads: int) -> dict[str, float]
     return out
 
 
+def vllm_runs(new_tokens: int, batch: int, threads: int) -> tuple[dict[str, float], dict] | None:
+    """vLLM's rows (tok/s) and its run's facts (version, startup, threads), or None when absent."""
+    import vllm_peer
+
+    p = {"max_tokens": new_tokens, "ignore_eos": True}
+    prompts = [f"{PROMPT} Variation {i}." for i in range(batch)]
+    runs = [{"prompts": [PROMPT], **p}, {"prompts": prompts, **p}]
+    out = vllm_peer.run([*runs, {"prompts": [PROMPT], **p, "busy": True}], threads)
+    if out is None:
+        return None
+    single, many, busy = (r["completion_tokens"] / r["seconds"] for r in out.pop("runs"))
+    return {"single_tok_s": single, f"batch{batch}_tok_s": many, "busy_single_tok_s": busy}, out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--threads", type=int, help="llama.cpp's threads (default: radixlm's)")
+    ap.add_argument("--threads", type=int, help="llama.cpp's and vLLM's (default: radixlm's)")
+    ap.add_argument("--skip-vllm", action="store_true", help="leave out vLLM's CPU build")
     args = ap.parse_args()
     from radixlm.runtime import threads as thread_policy
 
@@ -136,6 +153,12 @@ def main() -> None:
     llamacpp = llamacpp_runs(args.new_tokens, args.batch, args.threads)
     if llamacpp is not None:
         results["llama_cpp_q4_1"] = llamacpp
+    vllm = None
+    if not args.skip_vllm:
+        log("vLLM (CPU)")
+        vllm = vllm_runs(args.new_tokens, args.batch, args.threads)
+    if vllm is not None:
+        results["vllm_cpu"] = vllm[0]
     hf = results["hf_float32"]["single_tok_s"]
     best = max(results[k]["single_tok_s"] for k in results if k.startswith("radixlm"))
     batch_key = f"batch{args.batch}_tok_s"
@@ -159,7 +182,14 @@ def main() -> None:
         ratios["llama_cpp_busy_vs_idle"] = (
             llamacpp["busy_single_tok_s"] / llamacpp["single_tok_s"]
         )
-    save("bench_offline", {"args": vars(args), "results": results, "ratios": ratios})
+    if vllm is not None:
+        theirs = results["vllm_cpu"]
+        ratios["single_vs_vllm"] = best / theirs["single_tok_s"]
+        ratios[f"batch{args.batch}_vs_vllm"] = best_batch / theirs[batch_key]
+        ratios["busy_single_vs_vllm"] = bf16["busy_single_tok_s"] / theirs["busy_single_tok_s"]
+        ratios["vllm_busy_vs_idle"] = theirs["busy_single_tok_s"] / theirs["single_tok_s"]
+    extra = {"vllm": vllm[1]} if vllm is not None else {}
+    save("bench_offline", {"args": vars(args), "results": results, "ratios": ratios, **extra})
     labels, values = [], []
     for k, r in results.items():
         for metric, v in r.items():
@@ -172,11 +202,17 @@ def main() -> None:
         f"{ratios[f'batch{args.batch}_vs_llama_cpp']:.2f}x batch"
         if llamacpp is not None else ""
     )  # fmt: skip
+    vs_vllm = (
+        f", vs vLLM {ratios['single_vs_vllm']:.2f}x single, "
+        f"{ratios[f'batch{args.batch}_vs_vllm']:.2f}x batch, "
+        f"{ratios['busy_single_vs_vllm']:.2f}x busy"
+        if vllm is not None else ""
+    )  # fmt: skip
     print(
         f"bench_offline: single {best:.1f} tok/s ({ratios['single_vs_hf_fp32']:.2f}x HF fp32, "
         f"{ratios['single_vs_best_hf']:.2f}x best HF), batch-{args.batch} {best_batch:.1f} tok/s "
-        f"({batch_ratio:.2f}x HF single){vs_cpp}; busy machine {ratios['busy_vs_idle']:.2f}x "
-        f"of idle"
+        f"({batch_ratio:.2f}x HF single){vs_cpp}{vs_vllm}; busy machine "
+        f"{ratios['busy_vs_idle']:.2f}x of idle"
     )
 
 

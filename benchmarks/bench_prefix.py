@@ -1,9 +1,10 @@
 """The workload radixlm exists for: a shared few-shot prefix (~800 tokens) and many questions.
 
 radixlm with the radix cache, radixlm without it, Hugging Face ``generate()`` batched (fp32),
-and llama.cpp (``llama-cpp-python``, same GGUF, reusing the common prefix's KV) when
-installed; all greedy, 8 new tokens.
-Run: ``.venv/bin/python benchmarks/bench_prefix.py [--sizes 32 128]``
+llama.cpp (``llama-cpp-python``, same GGUF, reusing the common prefix's KV) when installed, and
+vLLM's CPU build (its prefix cache on, as many threads as radixlm's scheduler; see
+``vllm_peer.py``) when its venv is there; all greedy, 8 new tokens.
+Run: ``.venv/bin/python benchmarks/bench_prefix.py [--sizes 32 128] [--skip-vllm]``
 """
 
 from __future__ import annotations
@@ -88,11 +89,35 @@ def run_llamacpp(batch: list[str]) -> dict | None:
     return {"seconds": elapsed, "req_s": len(batch) / elapsed, "answers": texts[:3]}
 
 
+def run_vllm(batches: dict[int, list[str]]) -> tuple[dict[int, dict], dict] | None:
+    """vLLM's result for each batch (one vLLM start for all) and its run's facts (version,
+    startup, threads), or None when absent."""
+    import vllm_peer
+
+    from radixlm.runtime import threads
+
+    runs = [{"prompts": b, "max_tokens": NEW_TOKENS, "ignore_eos": False} for b in batches.values()]
+    out = vllm_peer.run(runs, threads.compute_threads(None, 1))
+    if out is None:
+        return None
+    results = {
+        n: {
+            "seconds": r["seconds"],
+            "req_s": n / r["seconds"],
+            "hit_rate": r["cached_tokens"] / r["prompt_tokens"],
+            "answers": r["answers"],
+        }
+        for n, r in zip(batches, out.pop("runs"))
+    }
+    return results, out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--sizes", type=int, nargs="+", default=[32, 128])
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--skip-llamacpp", action="store_true")
+    ap.add_argument("--skip-vllm", action="store_true")
     args = ap.parse_args()
     results: dict[str, dict] = {}
     for n in args.sizes:
@@ -111,13 +136,22 @@ def main() -> None:
             if result is not None:
                 results[f"{name}@{n}"] = result
                 log(f"  {result['req_s']:.2f} req/s")
+    vllm = None
+    if not args.skip_vllm:
+        log(f"vllm_cpu, {' and '.join(map(str, args.sizes))} questions")
+        vllm = run_vllm({n: prompts(n) for n in args.sizes})
+    if vllm is not None:
+        for n, result in vllm[0].items():
+            results[f"vllm_cpu@{n}"] = result
+            log(f"  {n} questions: {result['req_s']:.2f} req/s")
     ratios = {}
     for n in args.sizes:
         ours = results[f"radixlm@{n}"]["req_s"]
-        for other in ("radixlm_no_radix", "hf_generate_fp32", "llama_cpp"):
+        for other in ("radixlm_no_radix", "hf_generate_fp32", "llama_cpp", "vllm_cpu"):
             if f"{other}@{n}" in results:
                 ratios[f"vs_{other}@{n}"] = ours / results[f"{other}@{n}"]["req_s"]
-    save("bench_prefix", {"args": vars(args), "results": results, "ratios": ratios})
+    extra = {"vllm": vllm[1]} if vllm is not None else {}
+    save("bench_prefix", {"args": vars(args), "results": results, "ratios": ratios, **extra})
     bar_chart(
         "bench_prefix",
         list(results),
