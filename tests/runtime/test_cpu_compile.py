@@ -72,6 +72,41 @@ def test_compiled_decode_matches_eager(tiny_llama, dtype):
         torch.testing.assert_close(compiled, eager, atol=tol, rtol=tol)
 
 
+def test_a_verify_step_computes_what_decode_steps_compute(tiny_llama):
+    """With the int4 / int8 decode copies (bf16), a request's K tokens in one compiled step
+    (speculative verify, alone or beside another request's decode) give bitwise the logits of
+    K compiled decode steps, so speculation keeps greedy output token-identical. (Plain GEMMs
+    do not: one row and several take different kernels.)"""
+    runner = ModelRunner(ServerArgs(
+        model_path=tiny_llama, dtype="bfloat16", quantization="int4", max_total_tokens=512,
+        disable_cpu_compile=False,
+    ))  # fmt: skip
+    assert runner.model.lm_head.__class__.__name__ == "Int8DecodeHead"
+    assert runner.cpu_graphs.wait(600) and runner.cpu_compile_status == "ready"
+    table, prompt, tokens = runner.req_pool.table, PROMPTS[2], [5, 90, 31, 7, 400, 12, 88, 300]
+    table[0, :64], table[1, :64] = torch.arange(1, 65), torch.arange(65, 129)
+    n = len(prompt)
+
+    def step(ids, prefix_lens, extend_lens) -> torch.Tensor:
+        slots = [table[i, p : p + e] for i, (p, e) in enumerate(zip(prefix_lens, extend_lens))]
+        batch = ForwardBatch.build(
+            input_ids=ids, prefix_lens=prefix_lens, extend_lens=extend_lens,
+            req_slots=list(range(len(extend_lens))), out_cache_loc=torch.cat(slots),
+            logits_indices=list(range(len(ids))), req_to_token=table,
+        )  # fmt: skip
+        assert runner.cpu_graphs.can_run(batch) == (len(ids) <= 8)
+        return runner.forward(batch)
+
+    with torch.inference_mode():
+        step(prompt, [0], [n])
+        step(prompt + prompt, [0, 0], [n, n])  # NOTE: request 1 gets the same prompt
+        for k in (2, 4, 7):
+            decoded = torch.cat([step([tokens[j]], [n + j], [1]) for j in range(k)])
+            assert torch.equal(step(tokens[:k], [n], [k]), decoded), k
+            mixed = step(tokens[:k] + [tokens[0]], [n, n], [k, 1])
+            assert torch.equal(mixed[:k], decoded) and torch.equal(mixed[k], decoded[0]), k
+
+
 def verify_step(runner: ModelRunner, extends: list[int]) -> ForwardBatch:
     """After the prompts 0 and 1 (prefilled by decode_logits), ``extends[i]`` new tokens of
     request i, every one needing logits."""

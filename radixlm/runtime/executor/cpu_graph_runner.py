@@ -6,12 +6,15 @@ as much as the matmuls (SmolLM2-135M: ~11 of ~22 ms a token). ``torch.compile`` 
 backend) fuses them: the model's own ``forward`` is traced with :class:`DecodeAttention` in place
 of the attention backend, over :class:`DecodeInputs` in place of a ``ForwardBatch``.
 
-A graph's rows are tokens, each with its own request's KV slots and a causal key mask, so the
-same graphs run decode steps and speculative verify steps (several tokens of a request, each
-needing logits). Three graphs, by token count: one token (single-stream decode, the common
-case), 2..4 and 5..8 (the int8 head takes at most 4 rows), each over any context length (a
-dynamic dimension). Larger steps are compute-bound and stay eager, as do prefill chunks (they
-need logits for their last token only).
+A graph's rows are tokens, laid out per request (``[requests, tokens per request]``, padded)
+over each request's KV slots once, with a causal key mask, so the same graphs run decode steps
+and speculative verify steps (several tokens of a request, each needing logits); gathering the
+KV once per request, not once per token, keeps a verify step's attention near a decode
+step's. A dynamic size is specialised where it is 1, so there are four graphs, each over any
+context length: one token (single-stream decode, the common case); one request's token and
+draft (``[1, E]``); a decode batch (``[R, 1]``); and a mix (``[R, E]``), each of 2..8 tokens
+(the int4 and int8 copies' limit). Larger steps are compute-bound and stay eager, as do
+prefill chunks (they need logits for their last token only).
 
 The graphs compile on a background thread started once the scheduler reported ready (``start``),
 so start-up does not share the CPU with it; steps run eagerly until their graph is ready, so no
@@ -29,7 +32,6 @@ from dataclasses import dataclass
 
 import torch
 
-from radixlm.runtime.executor.attention.torch_backend import _gather, grouped_attention
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.mem_cache.memory_pool import KVPool
 from radixlm.runtime.models.quant import MAX_INT4_ROWS
@@ -37,29 +39,35 @@ from radixlm.runtime.models.quant_head import MAX_INT8_HEAD_ROWS
 
 logger = logging.getLogger(__name__)
 
-MAX_ROWS = MAX_INT4_ROWS  # NOTE: beyond the int4 rows a step is compute-bound: eager is as fast
-BUCKETS = ((1, 1), (2, MAX_INT8_HEAD_ROWS), (MAX_INT8_HEAD_ROWS + 1, MAX_ROWS))  # token counts
+# NOTE: beyond the int4 and int8 copies' rows a step is compute-bound: eager is as fast
+MAX_ROWS = min(MAX_INT4_ROWS, MAX_INT8_HEAD_ROWS)
+# The graphs, in the order they compile: name -> the tokens per request of the example step
+GRAPHS = {"1": [1], "verify": [3], "decode": [1, 1, 1], "mixed": [4, 1]}
 WARMUP_LEN = 16  # context length of the compile-time example (the dimension is dynamic)
 
 
 @dataclass
 class DecodeInputs:
     """What the model's forward reads of a step whose every token needs logits, as tensors
-    only; row ``t`` is the step's token ``t``."""
+    only; token ``t`` is the step's token ``t``, at ``token_slot[t]`` of the step's
+    ``[R requests, E tokens each]`` grid (a request with fewer than ``E`` tokens leaves slots
+    unused)."""
 
     input_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
     logits_indices: torch.Tensor  # [T] = arange(T)
     out_cache_loc: torch.Tensor  # [T] the KV slot each new token writes
-    kv_index: torch.Tensor  # [T, L] the KV slots of each token's request
-    key_mask: torch.Tensor  # [T, L] True for the slots a token attends to (causal)
+    token_slot: torch.Tensor  # [T] each token's place in the flattened [R, E] grid
+    kv_index: torch.Tensor  # [R, L] each request's KV slots
+    key_mask: torch.Tensor  # [R, E, L] True for the slots a grid entry attends to (causal)
 
 
 class DecodeAttention:
-    """The torch backend's decode attention, one query row per token (write the new K/V,
-    gather each token's request's KV, grouped attention under its causal mask, float32 for a
-    single row), without the backend's Python-side planning, so that a step traces into one
-    graph."""
+    """Attention for a step of few tokens, written so that inductor fuses it: write the new
+    K/V, then scores and outputs as elementwise products summed in float32, reading each
+    request's KV through its index inside the reductions (no gathered copy) under the grid's
+    causal mask. Every query row is computed the same way whatever the step's shape, so a
+    verify step's rows equal the decode steps' (module docstring)."""
 
     def __init__(self, kv_pool: KVPool, scale: float) -> None:
         self.kv_pool, self.scale = kv_pool, scale
@@ -69,12 +77,18 @@ class DecodeAttention:
     ) -> torch.Tensor:
         self.kv_pool.write(layer, batch.out_cache_loc, k, v)
         k_buf, v_buf = self.kv_pool.k[layer], self.kv_pool.v[layer]
-        rows = q.shape[0]
-        dtype = torch.float32 if rows == 1 else k_buf.dtype  # NOTE: as the eager backend does
-        keys, values = _gather(k_buf, batch.kv_index, dtype), _gather(v_buf, batch.kv_index, dtype)
-        q4 = q.view(rows, 1, *q.shape[1:]).to(dtype)
-        out, _ = grouped_attention(q4, keys, values, batch.key_mask[:, None, :], self.scale)
-        return out.to(q.dtype).reshape(rows, *q.shape[1:])
+        reqs, per_req, _ = batch.key_mask.shape
+        heads, dim = q.shape[1:]
+        kv_heads = k_buf.shape[1]
+        grid = q.new_zeros(reqs * per_req, heads, dim).index_copy_(0, batch.token_slot, q)
+        q6 = grid.float().view(reqs, per_req, 1, kv_heads, heads // kv_heads, dim)
+        keys = k_buf[batch.kv_index].float()[:, None, :, :, None, :]  # [R, 1, L, Hkv, 1, D]
+        scores = (q6 * keys).sum(-1) * self.scale  # [R, E, L, Hkv, G]
+        scores = scores.masked_fill(~batch.key_mask[..., None, None], float("-inf"))
+        probs = scores.softmax(dim=2)
+        values = v_buf[batch.kv_index].float()[:, None, :, :, None, :]
+        out = (probs[..., None] * values).sum(2)  # [R, E, Hkv, G, D]
+        return out.to(q.dtype).reshape(reqs * per_req, heads, dim)[batch.token_slot]
 
 
 class CpuGraphRunner:
@@ -98,13 +112,14 @@ class CpuGraphRunner:
     def status(self) -> str:
         if self.error is not None:
             return f"failed: {self.error}"
-        return "ready" if len(self.ready) == len(BUCKETS) else "compiling"
+        return "ready" if len(self.ready) == len(GRAPHS) else "compiling"
 
     def can_run(self, batch: ForwardBatch) -> bool:
         """A step of at most ``MAX_ROWS`` tokens that all need logits (decode, verify), whose
         graph is compiled."""
         tokens = batch.input_ids.shape[0]
-        if _bucket(tokens) not in self.ready or batch.logits_indices.shape[0] != tokens:
+        graph = _graph(tokens, batch.extend_lens_list)
+        if graph not in self.ready or batch.logits_indices.shape[0] != tokens:
             return False
         return bool(torch.equal(batch.logits_indices, torch.arange(tokens)))
 
@@ -118,15 +133,13 @@ class CpuGraphRunner:
 
     def inputs(self, batch: ForwardBatch) -> DecodeInputs:
         """The graphs' inputs for ``batch``: one row per token."""
-        length = max(batch.seq_lens_list)
-        owner = torch.repeat_interleave(batch.req_slots, batch.extend_lens)
-        kv_index = batch.req_to_token[owner, :length]
-        key_mask = torch.arange(length)[None, :] <= batch.positions[:, None]
+        token_slot, key_mask = _grid(batch.extend_lens, batch.positions, max(batch.seq_lens_list))
         # NOTE: copies made here, in inference mode as the compile's were: a tensor made outside
         # it fails the graphs' guards (the step would run eagerly)
         return DecodeInputs(
             batch.input_ids.clone(), batch.positions.clone(), batch.logits_indices.clone(),
-            batch.out_cache_loc.clone(), kv_index, key_mask,
+            batch.out_cache_loc.clone(), token_slot,
+            batch.req_to_token[batch.req_slots, : key_mask.shape[2]], key_mask,
         )  # fmt: skip
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -137,12 +150,15 @@ class CpuGraphRunner:
         return not self._thread.is_alive()
 
     def _run(self, fn, inputs: DecodeInputs) -> torch.Tensor:
-        for t in (inputs.kv_index, inputs.key_mask):
-            torch._dynamo.maybe_mark_dynamic(t, 1)
+        torch._dynamo.maybe_mark_dynamic(inputs.kv_index, 1)
+        torch._dynamo.maybe_mark_dynamic(inputs.key_mask, 2)
         if inputs.input_ids.shape[0] > 1:
             for t in (inputs.input_ids, inputs.positions, inputs.logits_indices,
-                      inputs.out_cache_loc, inputs.kv_index, inputs.key_mask):  # fmt: skip
+                      inputs.out_cache_loc, inputs.token_slot):  # fmt: skip
                 torch._dynamo.maybe_mark_dynamic(t, 0)
+            torch._dynamo.maybe_mark_dynamic(inputs.kv_index, 0)
+            torch._dynamo.maybe_mark_dynamic(inputs.key_mask, 0)
+            torch._dynamo.maybe_mark_dynamic(inputs.key_mask, 1)
         return fn(inputs, self.attention)
 
     @torch.inference_mode()
@@ -151,35 +167,56 @@ class CpuGraphRunner:
 
         inductor.compile_threads = 1  # NOTE: no pool of compile processes beside the scheduler
         inductor.emulate_precision_casts = True  # NOTE: bf16 rounding where eager rounds
-        self.compiled = torch.compile(self.model.forward, dynamic=None)
+        # NOTE: no guards on the model's modules: their weights are never replaced, and
+        # checking ~300 parameters cost ~1 ms of a ~14 ms step
+        self.compiled = torch.compile(self.model.forward, dynamic=None, options={
+            "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe,
+        })  # fmt: skip
         self._lookup = torch._dynamo.run(self.model.forward)  # NOTE: the graphs, never a compile
-        for rows, _ in BUCKETS:
+        for graph, extend_lens in GRAPHS.items():
             start = time.perf_counter()
             try:
-                self._run(self.compiled, _scratch_inputs(rows))
+                self._run(self.compiled, _scratch_inputs(extend_lens))
             except Exception as e:  # noqa: BLE001  (eager steps go on; the reason is reported)
                 self.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                 logger.warning("CPU decode compile failed, decode stays eager: %s", self.error)
                 return
-            bucket = _bucket(rows)
-            self.compile_s[bucket] = round(time.perf_counter() - start, 1)
-            self.ready.add(bucket)
-            logger.info("compiled CPU steps of %s token(s) in %.1f s",
-                        bucket, self.compile_s[bucket])  # fmt: skip
+            self.compile_s[graph] = round(time.perf_counter() - start, 1)
+            self.ready.add(graph)
+            logger.info("compiled CPU steps (%s) in %.1f s", graph, self.compile_s[graph])
 
 
-def _bucket(tokens: int) -> str | None:
-    for low, high in BUCKETS:
-        if low <= tokens <= high:
-            return str(low) if low == high else f"{low}-{high}"
-    return None
+def _graph(tokens: int, extend_lens: list[int]) -> str | None:
+    """The graph for a step of ``tokens`` tokens, ``extend_lens`` per request (see module)."""
+    if tokens > MAX_ROWS:
+        return None
+    if tokens == 1:
+        return "1"
+    if len(extend_lens) == 1:
+        return "verify"
+    return "decode" if tokens == len(extend_lens) else "mixed"
 
 
-def _scratch_inputs(rows: int) -> DecodeInputs:
+def _grid(
+    extend_lens: torch.Tensor, positions: torch.Tensor, length: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's place in the step's ``[R, E]`` grid, and the grid's causal key mask over
+    ``length`` slots (unused entries attend to slot 0 only: a row of -inf would be NaN)."""
+    reqs, per_req = extend_lens.shape[0], int(extend_lens.max())
+    owner = torch.repeat_interleave(torch.arange(reqs), extend_lens)
+    starts = torch.cumsum(extend_lens, 0) - extend_lens
+    token_slot = owner * per_req + torch.arange(owner.shape[0]) - starts[owner]
+    grid_pos = torch.zeros(reqs * per_req, dtype=torch.int64)
+    grid_pos[token_slot] = positions
+    return token_slot, torch.arange(length) <= grid_pos.view(reqs, per_req, 1)
+
+
+def _scratch_inputs(extend_lens: list[int]) -> DecodeInputs:
     """A step that writes and reads only slot 0, the pool's scratch slot."""
-    zeros = torch.zeros(rows, dtype=torch.int64)
+    zeros = torch.zeros(sum(extend_lens), dtype=torch.int64)
+    token_slot, key_mask = _grid(torch.tensor(extend_lens), zeros + WARMUP_LEN - 1, WARMUP_LEN)
     return DecodeInputs(
-        input_ids=zeros, positions=zeros.clone(), logits_indices=torch.arange(rows),
-        out_cache_loc=zeros.clone(), kv_index=torch.zeros(rows, WARMUP_LEN, dtype=torch.int64),
-        key_mask=torch.ones(rows, WARMUP_LEN, dtype=torch.bool),
+        input_ids=zeros, positions=zeros.clone(), logits_indices=torch.arange(zeros.shape[0]),
+        out_cache_loc=zeros.clone(), token_slot=token_slot,
+        kv_index=torch.zeros(len(extend_lens), WARMUP_LEN, dtype=torch.int64), key_mask=key_mask,
     )  # fmt: skip

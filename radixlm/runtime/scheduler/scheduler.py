@@ -172,7 +172,9 @@ class Scheduler:
         plan = StepPlan()
         while admission.plan_decodes(self.running, self.cache, plan):
             self._retract(self._victim(self.running))
-        if self.spec is not None and plan.chunks:
+        # NOTE: on CPU drafting waits for the compiled steps: an eager verify step rounds
+        # differently from a compiled decode step (and costs more)
+        if self.spec is not None and plan.chunks and self.runner.cpu_compile_status != "compiling":
             self.spec.draft(plan.chunks, self.cache, self.stop, self.runner.context_len)
         budget = Budget(
             self.args.max_prefill_tokens,

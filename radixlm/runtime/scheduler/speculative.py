@@ -8,10 +8,18 @@ the draft as one extend chunk with logits at every position; the longest prefix 
 that the model's own greedy choices agree with is kept, plus the model's next token, so the
 output is exactly what plain greedy decoding gives; a sampling request keeps each draft token
 with its probability and resamples the first rejected one (the standard rule), so its tokens
-have plain sampling's distribution. Only requests without penalties, banned tokens, grammars
-or logprobs speculate (their next token depends on the raw logits alone); the others decode as
+have plain sampling's distribution. Only requests without penalties, banned tokens or
+logprobs speculate (their next token depends on the raw logits alone); the others decode as
 always in the same step. Each request adapts its draft length to how much of its drafts was
 accepted.
+
+A greedy request with a grammar drafts too: its draft is cut where the grammar forbids a
+token, and each position's token is the grammar's choice: the model's top token where the
+grammar allows it (then it is also the top allowed token), else the top token under the
+grammar's mask for that position (filled only for such positions). A draft token is kept
+only when exactly it was appended: jump-forward may append the text a grammar forces after a
+token, retokenized with it, and that text is not in the draft. Sampling requests with
+grammars do not draft (the rejection rule would need every position's mask).
 """
 
 from __future__ import annotations
@@ -20,18 +28,17 @@ from dataclasses import dataclass, field
 
 import torch
 
+from radixlm.runtime.constrained.base import allocate_bitmask, apply_bitmask
 from radixlm.runtime.messages import Sampling
-from radixlm.runtime.models.quant import MAX_INT4_ROWS
-from radixlm.runtime.models.quant_head import MAX_INT8_HEAD_ROWS
 from radixlm.runtime.sampling.sampler import filtered_probs
 from radixlm.runtime.scheduler.req import salted
 
-# NOTE: drafted steps stay within the CPU decode copies' sizes: at most 8 tokens run the int4
-# layer weights (models/quant.py) and at most 4 logit rows the int8 LM head (quant_head.py), so
-# verifying costs about one decode step. Past 4 rows the bf16 head doubles the head's cost,
-# which low acceptance does not repay (bench_spec.py: chat, 4 streams, 0.76x); so a step of 4
-# or more decodes drafts nothing.
-MAX_STEP_TOKENS = min(MAX_INT4_ROWS, MAX_INT8_HEAD_ROWS)
+# NOTE: a drafted step costs more the more tokens it verifies: with compiled CPU steps
+# (SmolLM2-135M, 1 thread, 300 tokens of context) 2, 3, 4, 5 and 8 tokens take 1.30, 1.53,
+# 1.91, 2.66 and 3.44 times a one-token step (past 4 rows the int8 head reads its codes twice).
+# Below perfect acceptance, 4 is where a longer draft stops paying; so a step of 4 or more
+# decoding requests drafts nothing.
+MAX_STEP_TOKENS = 4
 
 
 @dataclass
@@ -69,15 +76,16 @@ class NgramDrafter:
 
     @staticmethod
     def eligible(params: Sampling, banned: list[int], has_grammar: bool, logprobs: bool) -> bool:
-        """The next token depends on the raw logits only (no penalties, banned tokens, grammar
-        masks): the verification sees the same distribution as a plain step."""
+        """The next token depends on the raw logits only (no penalties or banned tokens;
+        grammars only for greedy requests): the verification sees the same distribution as a
+        plain step."""
         return (
             params.speculative
             and params.repetition_penalty == 1.0
             and params.frequency_penalty == 0.0
             and params.presence_penalty == 0.0
             and not banned
-            and not has_grammar
+            and (not has_grammar or params.is_greedy)
             and not logprobs
         )
 
@@ -151,6 +159,8 @@ class Speculator:
                        context_len - req.seq_len) - 1  # fmt: skip
             k = min(req.spec.k, budget, room)
             draft = self._propose(req, k, cache.tree) if k > 0 else []
+            if req.grammar is not None:
+                draft = _allowed_prefix(req.grammar, draft)
             slots = cache.alloc(len(draft)) if draft else None
             if slots is None:
                 continue
@@ -203,9 +213,14 @@ class Speculator:
             req, logits, draft
         )
         for j, token in enumerate(tokens):
-            req.output_ids.extend(advance(req, token))
-            req.finish = stop.check(req, token)
-            if req.finish is not None or j == len(draft) or token != draft[j]:
+            if req.grammar is not None and not _allows(req.grammar, token):
+                token = _masked_greedy(req.grammar, logits[j])
+            new_ids = advance(req, token)
+            req.output_ids.extend(new_ids)
+            req.finish = stop.check(req, new_ids[-1])
+            # NOTE: jump-forward may append other ids than the token (forced text after it,
+            # retokenized): the draft's KV holds only when exactly its token was appended
+            if req.finish is not None or j == len(draft) or new_ids != [draft[j]]:
                 break
             kept += 1
         req.kv_len += kept
@@ -213,3 +228,40 @@ class Speculator:
         cache.allocator.free(unused.cpu())
         self.stats.record(len(draft), kept)
         req.spec.update(len(draft), kept, self.drafter.k_max)
+
+
+def _allows(grammar, token: int) -> bool:
+    """Whether ``grammar`` accepts ``token`` next (its state is left as it was)."""
+    if grammar.is_terminated():
+        return False
+    try:
+        grammar.advance(token)
+    except ValueError:
+        return False
+    grammar.rollback(1)
+    return True
+
+
+def _allowed_prefix(grammar, draft: list[int]) -> list[int]:
+    """The longest prefix of ``draft`` that ``grammar`` accepts (its state is left as it was)."""
+    accepted = 0
+    for token in draft:
+        if grammar.is_terminated():
+            break
+        try:
+            grammar.advance(token)
+        except ValueError:
+            break
+        accepted += 1
+    if accepted:
+        grammar.rollback(accepted)
+    return draft[:accepted]
+
+
+def _masked_greedy(grammar, logits: torch.Tensor) -> int:
+    """The top token among those ``grammar`` allows next."""
+    mask = allocate_bitmask(1, logits.shape[-1])
+    grammar.fill_bitmask(mask, 0)
+    row = logits[None].clone()
+    apply_bitmask(row, mask)
+    return int(row.argmax(dim=-1))

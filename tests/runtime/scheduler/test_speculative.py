@@ -39,7 +39,9 @@ def test_only_requests_on_raw_logits_draft():
     assert not ok(Sampling(frequency_penalty=0.5), [], False, False)
     assert not ok(Sampling(temperature=0.0, speculative=False), [], False, False)  # opted out
     assert not ok(greedy, [2], False, False)  # min_new_tokens bans EOS
-    assert not ok(greedy, [], True, False) and not ok(greedy, [], False, True)
+    assert not ok(greedy, [], False, True)  # logprobs
+    assert ok(greedy, [], True, False)  # a grammar: greedy requests only
+    assert not ok(Sampling(temperature=0.7), [], True, False)
 
 
 def test_draft_length_adapts_and_pauses_after_misses():
@@ -113,6 +115,29 @@ def test_a_repeated_request_drafts_from_the_radix_tree(engines):
     # NOTE: the first run's output is in the tree: every draft is right, and with 3 drafts and
     # the model's own token per step, three quarters of the tokens come from drafts
     assert accepted == drafted and accepted >= 0.6 * len(again["output_ids"]), (drafted, accepted)
+
+
+@pytest.mark.parametrize("jump_forward", [True, False])
+def test_grammar_requests_draft_and_keep_their_tokens(tiny_llama, jump_forward):
+    """A greedy request with a regex drafts (its draft cut where the grammar forbids it): the
+    same tokens as without speculation, and a repeat drafts its first run's answer from the
+    tree and keeps it."""
+    regex = r'\{"name": "(ab|cd|ef){2,12}", "tags": \["(x|y)+"(, "(x|y)+"){0,4}\]\}'
+    params = {"max_new_tokens": 60, "temperature": 0, "regex": regex}
+    common = {"dtype": "float32", "max_total_tokens": 4096, "num_threads": 1,
+              "disable_jump_forward": not jump_forward}  # fmt: skip
+    with Engine(tiny_llama, **common) as plain, Engine(
+        tiny_llama, speculative_algorithm="ngram", **common
+    ) as spec:
+        for prompt in PROMPTS[:2]:
+            want = plain.generate(prompt, params)
+            assert spec.generate(prompt, params)["output_ids"] == want["output_ids"]
+            before = spec.get_server_info()["stats"]
+            again = spec.generate(prompt, params)
+            after = spec.get_server_info()["stats"]
+            assert again["output_ids"] == want["output_ids"]
+            assert after["spec_accepted_tokens"] > before["spec_accepted_tokens"]
+        assert_no_leak(spec)
 
 
 def test_continuation_reads_the_tree_without_touching_it():
