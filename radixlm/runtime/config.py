@@ -220,8 +220,6 @@ class ServerArgs:
     def _check_disk_cache(self) -> None:
         if self.disable_radix_cache:
             raise ValueError("kv_disk_cache needs the radix cache (drop disable_radix_cache)")
-        if self.tp_size > 1:
-            raise ValueError("kv_disk_cache does not support tp_size > 1 yet")
         if self.kv_disk_block_size % self.page_size:
             raise ValueError(
                 f"kv_disk_block_size ({self.kv_disk_block_size}) must be a multiple of "

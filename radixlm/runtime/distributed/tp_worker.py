@@ -1,7 +1,8 @@
 """A tensor-parallel rank > 0: runs every batch rank 0 broadcasts and drops the logits.
 
-It holds a shard of the model and of the KV pool, but no scheduler, radix tree or sockets: rank 0
-decides everything and the slot layout of every rank's pool follows its decisions.
+It holds a shard of the model and of the KV pool (and with ``--kv-disk-cache`` a disk tier of
+its shard), but no scheduler, radix tree or sockets: rank 0 decides everything and the slot
+layout of every rank's pool follows its decisions.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import signal
 import traceback
 
 from radixlm.runtime.config import ServerArgs
-from radixlm.runtime.distributed.batch_sync import receive_batch
+from radixlm.runtime.distributed import disk_sync
+from radixlm.runtime.distributed.batch_sync import DiskOp, receive_batch
 from radixlm.runtime.distributed.parallel import RankInfo
 from radixlm.runtime.executor.model_runner import ModelRunner
 
@@ -26,21 +28,32 @@ def run_tp_worker_process(args: ServerArgs, rank: RankInfo, ready_pipe) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         runner = ModelRunner(args, rank)
+        disk = None
+        if args.kv_disk_cache is not None:
+            from radixlm.runtime.mem_cache.disk_tier import DiskTier
+
+            disk = DiskTier.open(args, runner.model_path, runner.kv_pool, rank.tp_rank)
     except Exception as e:  # noqa: BLE001  (reported to the parent, which raises it)
         ready_pipe.send(
             {"ok": False, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
         )
         return
     ready_pipe.send({"ok": True})
-    serve(runner)
+    serve(runner, disk)
 
 
-def serve(runner: ModelRunner) -> None:
-    """Run rank 0's batches until it says stop or goes away."""
+def serve(runner: ModelRunner, disk=None) -> None:
+    """Run rank 0's batches and disk operations until it says stop or goes away."""
     try:
-        while (batch := receive_batch(runner.tp, runner.req_pool.table)) is not None:
-            runner.forward(batch)
+        while (msg := receive_batch(runner.tp, runner.req_pool.table)) is not None:
+            if isinstance(msg, DiskOp):
+                disk_sync.apply(disk, msg, runner.tp)
+            else:
+                runner.forward(msg)
     except RuntimeError as e:
         logger.warning("rank 0 went away (%s); leaving", e)
         return
+    finally:
+        if disk is not None:
+            disk.store.close()  # NOTE: the queued writes land
     runner.close()

@@ -65,7 +65,7 @@ class CacheManager:
         holds; returns the match afterwards."""
         self.tree.lock(node)  # NOTE: the eviction that makes room must not take this prefix
         try:
-            got = self.disk.restore(key, len(slots), self.alloc)
+            got = self.disk.restore(key, len(slots), self.alloc, self.allocator.free)
         finally:
             self.tree.unlock(node)
         if got is None:

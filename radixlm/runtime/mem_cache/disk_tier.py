@@ -6,7 +6,9 @@ a prompt's match in the tree ends, the blocks that follow on disk are read into 
 and inserted into the tree, and the request reuses them as any cached prefix. Blocks start at
 multiples of ``block`` tokens from the prompt's start; a match ending inside a block reuses
 that block's tail. A load is skipped when computing the tokens again has been faster
-(``Costs``: a GPU's prefill can beat a slow disk; on a CPU loading wins by far).
+(``Costs``: a GPU's prefill can beat a slow disk; on a CPU loading wins by far). With tensor
+parallelism every rank has a tier of its own shard, and rank 0's tier has ``peers``
+(``distributed/disk_sync.py``) that repeat its saves, loads, pins and clears on the others.
 """
 
 from __future__ import annotations
@@ -39,18 +41,24 @@ class DiskTier:
         self.hit_tokens = 0
         self.load_s = 0.0
         self.costs = Costs()
+        self.peers = None  # rank 0 with tensor parallelism: the other ranks' tiers
 
     @classmethod
-    def open(cls, args: ServerArgs, model_path: str, pool: KVPool) -> DiskTier:
+    def open(
+        cls, args: ServerArgs, model_path: str, pool: KVPool, tp_rank: int = 0
+    ) -> DiskTier:
         """The tier of ``--kv-disk-cache``: blocks keyed by the weights' identity (path, size,
-        modification time), the KV dtype and shape, the quantization and the block size."""
+        modification time), the KV dtype and shape, the quantization and the block size, and
+        with tensor parallelism the rank (each holds a share of the budget)."""
         stat = os.stat(model_path)
-        key = model_key(
+        parts = [
             os.path.realpath(model_path), stat.st_size, stat.st_mtime_ns, str(pool.dtype),
             len(pool.k), tuple(pool.k[0].shape[1:]), args.quantization, args.kv_disk_block_size,
-        )
-        budget = parse_size("kv_disk_cache_size", args.kv_disk_cache_size)
-        store = DiskStore(args.kv_disk_cache, key, budget)
+        ]  # fmt: skip
+        if args.tp_size > 1:
+            parts.append(("tp", tp_rank, args.tp_size))
+        budget = parse_size("kv_disk_cache_size", args.kv_disk_cache_size) // args.tp_size
+        store = DiskStore(args.kv_disk_cache, model_key(*parts), budget)
         logger.info("KV disk cache: %d blocks (%d bytes) in %s", len(store), store.bytes_used,
                     store.dir)  # fmt: skip
         return cls(store, pool, args.kv_disk_block_size)
@@ -66,6 +74,8 @@ class DiskTier:
         for j, (i, h) in enumerate(missing):
             payload = kv[:, :, j * b : (j + 1) * b].contiguous()
             self.store.put(h, ids[i * b : (i + 1) * b], payload.view(torch.uint8).numpy().tobytes())
+        if self.peers is not None:
+            self.peers.save(ids, slots)
 
     def pin(self, key: list[int]) -> int:
         """Keep the stored blocks of ``key`` out of the LRU budget (until a flush); returns
@@ -74,11 +84,19 @@ class DiskTier:
         hashes = block_hashes(key, self.block)
         stored = next((i for i, h in enumerate(hashes) if h not in self.store), len(hashes))
         self.store.pin(hashes[:stored])
+        if self.peers is not None:
+            self.peers.pin(key)
         return stored * self.block
 
-    def restore(self, ids: list[int], matched: int, alloc) -> Restored | None:
+    def clear(self) -> None:
+        self.store.clear()
+        if self.peers is not None:
+            self.peers.clear()
+
+    def restore(self, ids: list[int], matched: int, alloc, free) -> Restored | None:
         """Load the stored blocks of ``ids`` that follow its first ``matched`` tokens into
-        slots from ``alloc(n)``; None when the disk has none (or no slots are free)."""
+        slots from ``alloc(n)`` (``free`` takes back what other ranks could not load); None
+        when the disk has none (or no slots are free)."""
         first = matched // self.block
         if first >= len(ids) // self.block:
             return None  # NOTE: the match covers every whole block: nothing to hash or read
@@ -90,28 +108,56 @@ class DiskTier:
             stored * self.block - matched
         ):
             return None
-        payloads = []
-        for i in range(first, stored):
-            payload = self.store.get(hashes[i], ids[i * self.block : (i + 1) * self.block])
-            if payload is None:
-                break
-            payloads.append(payload)
+        payloads = self._read(ids, hashes, first, stored)
         end = (first + len(payloads)) * self.block
         if end <= matched:
             return None
         slots = alloc(end - matched)
         if slots is None:
             return None
-        kv = torch.cat([self._tensor(p) for p in payloads], dim=2)
-        kv = kv[:, :, matched - first * self.block :]
-        at = slots.to(kv.device)
-        for layer in range(len(self.pool.k)):
-            self.pool.write(layer, at, kv[0, layer], kv[1, layer])
+        self._write(payloads, first * self.block, matched, slots)
+        if self.peers is not None:
+            agreed = self.peers.load(ids[:end], matched, slots, end)
+            if agreed < end:
+                free(slots[max(agreed - matched, 0) :].cpu())
+                slots = slots[: max(agreed - matched, 0)]
+                if not len(slots):
+                    return None
         self.hit_tokens += len(slots)
         spent = time.perf_counter() - start_time
         self.load_s += spent
         self.costs.loaded(len(slots), spent)
         return Restored(slots, matched)
+
+    def load_into(self, ids: list[int], matched: int, slots: torch.Tensor) -> int:
+        """Another rank's half of rank 0's ``restore``: load the blocks of ``ids`` past
+        ``matched`` into ``slots``, as far as they are stored; returns the position reached."""
+        first = matched // self.block
+        hashes = block_hashes(ids, self.block)
+        payloads = self._read(ids, hashes, first, (matched + len(slots)) // self.block)
+        end = (first + len(payloads)) * self.block
+        if end > matched:
+            self._write(payloads, first * self.block, matched, slots[: end - matched])
+        return max(end, matched)
+
+    def _read(self, ids: list[int], hashes: list[int], first: int, last: int) -> list:
+        """The payloads of blocks ``first``.. up to ``last`` (exclusive), stopping at the first
+        one the store cannot serve."""
+        payloads = []
+        for i in range(first, last):
+            payload = self.store.get(hashes[i], ids[i * self.block : (i + 1) * self.block])
+            if payload is None:
+                break
+            payloads.append(payload)
+        return payloads
+
+    def _write(self, payloads: list, start: int, matched: int, slots: torch.Tensor) -> None:
+        """Write the positions ``matched``.. of blocks that start at ``start`` into ``slots``."""
+        kv = torch.cat([self._tensor(p) for p in payloads], dim=2)
+        kv = kv[:, :, matched - start : matched - start + len(slots)]
+        at = slots.to(kv.device)
+        for layer in range(len(self.pool.k)):
+            self.pool.write(layer, at, kv[0, layer], kv[1, layer])
 
     def _gather(self, slots: torch.Tensor) -> torch.Tensor:
         """``[2, layers, len(slots), kv_heads, head_dim]`` on the CPU."""

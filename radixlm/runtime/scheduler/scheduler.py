@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.distributed.disk_sync import DiskPeers
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.mem_cache.cache_manager import CacheManager
 from radixlm.runtime.mem_cache.disk_tier import DiskTier
@@ -52,6 +53,8 @@ class Scheduler:
         disk = None
         if tree is not None and args.kv_disk_cache is not None:
             disk = DiskTier.open(args, self.runner.model_path, self.runner.kv_pool)
+            if self.runner.tp is not None:
+                disk.peers = DiskPeers(self.runner.tp)
         self.cache = CacheManager(self.runner.req_pool, allocator, tree, disk)
         self.policy = get_policy(args.schedule_policy)
         self.stop = StopChecker(
@@ -127,7 +130,7 @@ class Scheduler:
 
     def _flush_disk(self, _: dict) -> tuple[bool, dict]:
         if self.cache.disk is not None:
-            self.cache.disk.store.clear()
+            self.cache.disk.clear()
         return True, {}
 
     def _pin_prefix(self, data: dict) -> tuple[bool, dict]:
