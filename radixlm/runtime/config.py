@@ -102,7 +102,7 @@ class ServerArgs:
     skip_tokenizer_init: bool = False
     load_format: str = "auto"
     # NOTE: int4 = an int4 copy of the layer weights for CPU steps of <= 8 tokens (bf16 for the
-    # rest) and an int8 copy of the LM head for steps of <= 4 logit rows (models/quant_head.py);
+    # rest) and an int8 copy of the LM head for steps of <= 8 logit rows (models/quant_head.py);
     # auto = int4 when a GGUF checkpoint is itself Q4_0/Q4_1 and the engine runs bf16 on CPU.
     quantization: str = "auto"
     dtype: str = "auto"
