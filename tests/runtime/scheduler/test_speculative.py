@@ -7,12 +7,7 @@ import pytest
 
 from radixlm import Engine
 from radixlm.runtime.messages import Sampling
-from radixlm.runtime.scheduler.speculative import (
-    BATCH_MIN_ACCEPTANCE,
-    DraftState,
-    NgramDrafter,
-    SpecStats,
-)
+from radixlm.runtime.scheduler.speculative import DraftState, NgramDrafter, SpecStats
 from tests.conftest import assert_no_leak
 
 # NOTE: repetitive prompts, so that drafts exist, and a tiny random model's greedy output
@@ -61,10 +56,6 @@ def test_draft_length_adapts_and_pauses_after_misses():
     assert [state.ready() for _ in range(5)] == [False] * 4 + [True]
     state.update(drafted=1, accepted=0, k_max=6)
     assert sum(not state.ready() for _ in range(9)) == 8  # the pause doubles
-    assert state.acceptance < BATCH_MIN_ACCEPTANCE  # NOTE: it no longer drafts beside others
-    for _ in range(3):
-        state.update(drafted=3, accepted=3, k_max=6)
-    assert state.acceptance > BATCH_MIN_ACCEPTANCE
 
 
 @pytest.fixture(scope="module")
