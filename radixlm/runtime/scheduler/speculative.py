@@ -221,7 +221,7 @@ class Speculator:
             req, logits, draft
         )
         for j, token in enumerate(tokens):
-            if req.grammar is not None and not _allows(req.grammar, token):
+            if req.grammar is not None and not _allowed_prefix(req.grammar, [token]):
                 token = _masked_greedy(req.grammar, logits[j])
             new_ids = advance(req, token)
             req.output_ids.extend(new_ids)
@@ -236,18 +236,6 @@ class Speculator:
         cache.allocator.free(unused.cpu())
         self.stats.record(len(draft), kept)
         req.spec.update(len(draft), kept, self.drafter.k_max)
-
-
-def _allows(grammar, token: int) -> bool:
-    """Whether ``grammar`` accepts ``token`` next (its state is left as it was)."""
-    if grammar.is_terminated():
-        return False
-    try:
-        grammar.advance(token)
-    except ValueError:
-        return False
-    grammar.rollback(1)
-    return True
 
 
 def _allowed_prefix(grammar, draft: list[int]) -> list[int]:
