@@ -14,10 +14,11 @@ step's. A dynamic size is specialised where it is 1, so there are four graphs of
 tokens (the int4 and int8 copies' limit), each over any context length: one token
 (single-stream decode, the common case); one request's token and draft (``[1, E]``); a
 decode batch (``[R, 1]``); and a mix (``[R, E]``). Larger steps stay eager, as do prefill
-chunks (they need logits for their last token only): a compiled step of 32 requests took
-130 ms against 238 eager, but it reads every request's KV in full, where the eager backend
-reads a prefix the batch shares once (bench_prefix, 32 questions on a 790-token prefix: 6.8
-req/s with it, against 30.6 eager in an earlier run).
+chunks (they need logits for their last token only). A compiled step of 32 requests took
+130 ms against 238 eager (bench_offline batch-32: 250 tok/s against 204), but it reads every
+request's KV in full where the eager backend reads a prefix the batch shares once, and on
+bench_prefix (32 questions on a 790-token prefix) it was slower: 6.8 req/s against 7.6; it is
+left out until it has the shared-prefix (cascade) form.
 
 The graphs compile on a background thread started once the scheduler reported ready (``start``),
 so start-up does not share the CPU with it; steps run eagerly until their graph is ready, so no
