@@ -14,30 +14,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 from common import bar_chart, log, save, wait_compiled  # noqa: E402
+from vllm_peer import busy_core  # noqa: E402
 
 PROMPT = "Write a long story about a robot who learns to paint."
-
-
-@contextmanager
-def busy_core() -> Iterator[None]:
-    """Another process spinning on one core, as a machine shared with other work has."""
-    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        time.sleep(0.5)
-        yield
-    finally:
-        spinner.kill()
-        spinner.wait()
 
 
 def engine_runs(

@@ -146,8 +146,9 @@ def run(runs: list[dict], threads: int) -> dict | None:
 
 
 @contextmanager
-def _busy_core():
-    """Another process spinning on one core (as ``bench_offline.busy_core``)."""
+def busy_core():
+    """Another process spinning on one core, as a machine shared with other work has (here,
+    standard library only, so that the vLLM worker uses it too)."""
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.5)
@@ -180,7 +181,7 @@ def _worker(spec_path: str, out_path: str) -> None:
             temperature=0, max_tokens=run["max_tokens"], ignore_eos=run["ignore_eos"]
         )
         llm.reset_prefix_cache()
-        with _busy_core() if run.get("busy") else nullcontext():
+        with busy_core() if run.get("busy") else nullcontext():
             start = time.perf_counter()
             outs = llm.generate(run["prompts"], params, use_tqdm=False)
             elapsed = time.perf_counter() - start
