@@ -153,7 +153,7 @@ def _valid(text: str) -> bool:
 def compile_times(backend: str, repeats: int) -> dict:
     from radixlm.runtime.constrained.base import create_grammar_backend
     from radixlm.runtime.loader.gguf_loader import gguf_tokenizer
-    from radixlm.runtime.loader.loader import default_model_path
+    from radixlm.runtime.loader.model_files import default_model_path
 
     tok = gguf_tokenizer(default_model_path())
     times = []

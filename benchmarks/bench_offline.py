@@ -58,7 +58,7 @@ def hf_single(dtype: torch.dtype, new_tokens: int) -> float:
     from transformers import AutoModelForCausalLM
 
     from radixlm.runtime.loader.gguf_loader import gguf_tokenizer
-    from radixlm.runtime.loader.loader import default_model_path
+    from radixlm.runtime.loader.model_files import default_model_path
 
     path = default_model_path()
     tok = gguf_tokenizer(path)
@@ -81,7 +81,7 @@ def llamacpp_runs(new_tokens: int, batch: int, threads: int) -> dict[str, float]
         from llama_cpp import Llama
     except ImportError:
         return None
-    from radixlm.runtime.loader.loader import default_model_path
+    from radixlm.runtime.loader.model_files import default_model_path
 
     llm = Llama(model_path=default_model_path(), n_ctx=1024, n_threads=threads, verbose=False)
     # NOTE: EOS banned so every run makes new_tokens tokens, like ignore_eos.

@@ -64,7 +64,7 @@ def run_dp(batch: list[str], policy: str, dp: int, wave: int, options: dict) -> 
 def smollm_sized_dummy(path: str) -> str:
     """A random-weight Llama of SmolLM2-135M's size whose heads split over 2, 4 or 8 ranks."""
     from radixlm.runtime.loader.gguf_loader import gguf_tokenizer
-    from radixlm.runtime.loader.loader import default_model_path
+    from radixlm.runtime.loader.model_files import default_model_path
 
     os.makedirs(path, exist_ok=True)
     config = {

@@ -16,7 +16,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import bar_chart, log, save  # noqa: E402
+from common import bar_chart, log, save, wait_compiled  # noqa: E402
 from prefix_workload import prompts  # noqa: E402
 
 NEW_TOKENS = 8
@@ -25,8 +25,10 @@ NEW_TOKENS = 8
 def run_radixlm(batch: list[str], **options) -> dict:
     from radixlm import Engine
 
-    with Engine(max_total_tokens=65536, **options) as engine:
+    # NOTE: bench_offline's pool size, so that both find the same compiled steps on disk
+    with Engine(max_total_tokens=16384, **options) as engine:
         engine.generate("warm up", {"max_new_tokens": 2})
+        wait_compiled(engine)
         engine.flush_cache()
         start = time.perf_counter()
         outs = engine.generate(batch, {"max_new_tokens": NEW_TOKENS, "temperature": 0})
@@ -48,7 +50,7 @@ def run_hf(batch: list[str], batch_size: int = 16) -> dict:
     from transformers import AutoModelForCausalLM
 
     from radixlm.runtime.loader.gguf_loader import gguf_tokenizer
-    from radixlm.runtime.loader.loader import default_model_path
+    from radixlm.runtime.loader.model_files import default_model_path
 
     path = default_model_path()
     tok = gguf_tokenizer(path)
@@ -75,7 +77,7 @@ def run_llamacpp(batch: list[str]) -> dict | None:
         from llama_cpp import Llama
     except ImportError:
         return None
-    from radixlm.runtime.loader.loader import default_model_path
+    from radixlm.runtime.loader.model_files import default_model_path
 
     llm = Llama(
         model_path=default_model_path(), n_ctx=2048, n_threads=os.cpu_count(), verbose=False

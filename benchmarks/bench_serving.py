@@ -168,7 +168,7 @@ def free_port() -> int:
 @contextmanager
 def launched(kind: str, model: str | None, extra: list[str]) -> Iterator[str]:
     """Start ``radixlm`` or llama.cpp's server on 127.0.0.1 with the same GGUF; yield its URL."""
-    from radixlm.runtime.loader.loader import default_model_path
+    from radixlm.runtime.loader.model_files import default_model_path
 
     model, port = model or default_model_path(), free_port()
     if kind == "radixlm":

@@ -98,7 +98,7 @@ def run_llamacpp(prompts: dict[str, list[str]], new_tokens: int, lookup: bool) -
     except ImportError:
         return None
     from radixlm.runtime import threads
-    from radixlm.runtime.loader.loader import default_model_path
+    from radixlm.runtime.loader.model_files import default_model_path
 
     draft = LlamaPromptLookupDecoding(num_pred_tokens=4) if lookup else None
     llm = Llama(model_path=default_model_path(), n_ctx=2048, verbose=False, draft_model=draft,
@@ -121,7 +121,7 @@ def main() -> None:
     ap.add_argument("--skip-llamacpp", action="store_true")
     args = ap.parse_args()
     from radixlm.runtime.loader.gguf_loader import gguf_tokenizer
-    from radixlm.runtime.loader.loader import default_model_path
+    from radixlm.runtime.loader.model_files import default_model_path
 
     tok = gguf_tokenizer(default_model_path())
     chat = [p for p, _ in sharegpt_requests(args.chat_prompts, args.new_tokens, 600, seed=0)]

@@ -96,6 +96,11 @@ def measure(kind: str, model: str, threads: int, args: argparse.Namespace) -> di
         time.sleep(2.0)
         idle = tree_rss(proc.pid)
         log(f"{kind}: ready in {ready_s:.1f} s, idle RSS {idle / 2**20:.0f} MiB; serving...")
+        parts = {}
+        if kind == "radixlm":  # NOTE: each process's share, as /get_server_info reports it
+            info = httpx.get(f"{url}/get_server_info", timeout=10).json()
+            parts = {k: round(v / 2**20) for k, v in info["rss_bytes"].items() if v}
+            log(f"  per process (MiB): {parts}")
         name = models.json()["data"][0]["id"]
         body = {"model": name, "prompt": PROMPT, "max_tokens": args.max_tokens, "temperature": 0}
         with httpx.Client(base_url=url, timeout=600) as client, ThreadPoolExecutor(
@@ -113,12 +118,13 @@ def measure(kind: str, model: str, threads: int, args: argparse.Namespace) -> di
         except subprocess.TimeoutExpired:
             proc.kill()
     log(f"{kind}: peak RSS under load {peak / 2**20:.0f} MiB")
-    return {"ready_s": ready_s, "idle_rss_mib": idle / 2**20, "peak_rss_mib": peak / 2**20}
+    out = {"ready_s": ready_s, "idle_rss_mib": idle / 2**20, "peak_rss_mib": peak / 2**20}
+    return {**out, "idle_rss_by_process_mib": parts} if parts else out
 
 
 def main() -> None:
     from radixlm.runtime import threads as thread_policy
-    from radixlm.runtime.loader.loader import default_model_path
+    from radixlm.runtime.loader.model_files import default_model_path
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=["radixlm", "llamacpp"])

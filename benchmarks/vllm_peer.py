@@ -55,7 +55,7 @@ def vllm_python() -> tuple[str, str] | None:
 def hf_dir() -> str:
     """An HF directory (safetensors, fp32, and the tokenizer) made from the embedded GGUF, once:
     later calls reuse it while the GGUF is the same file."""
-    from radixlm.runtime.loader.loader import default_model_path
+    from radixlm.runtime.loader.model_files import default_model_path
 
     gguf = default_model_path()
     source = {"gguf": gguf, "size": os.path.getsize(gguf)}

@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from radixlm.runtime.loader.loader import default_model_path
+from radixlm.runtime.loader.model_files import default_model_path
 
 
 def pytest_configure(config) -> None:

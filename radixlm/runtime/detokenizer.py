@@ -7,10 +7,13 @@ pass through and the text stays empty.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import zmq
 
@@ -28,9 +31,15 @@ class _State:
 
 
 class Detokenizer:
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
+    def __init__(self, load_tokenizer: Callable[[], Any]) -> None:
+        self._load_tokenizer = load_tokenizer
         self.states: dict[str, _State] = {}
+
+    @functools.cached_property
+    def tokenizer(self) -> Any:
+        """Loaded at the first text to decode: by then the scheduler, ready before any output,
+        has saved the torch-free tokenizer (``loader.text_tokenizer``) even on a first start."""
+        return self._load_tokenizer()
 
     def process(self, out: TokenOut) -> TextOut:
         state = self.states.setdefault(out.rid, _State())
@@ -65,10 +74,11 @@ def run_detokenizer_process(args: ServerArgs, ports: ipc.PortArgs, ready_pipe) -
     parent = os.getppid()
     try:
         from radixlm.runtime.loader.gguf_loader import release_gguf
-        from radixlm.runtime.loader.loader import load_config, load_tokenizer
+        from radixlm.runtime.loader.model_files import load_config
+        from radixlm.runtime.loader.text_tokenizer import load_text_tokenizer
 
         _, path, fmt = load_config(args)
-        detok = Detokenizer(load_tokenizer(args, path, fmt))
+        detok = Detokenizer(lambda: load_text_tokenizer(args, path, fmt))
         release_gguf()
         ctx = zmq.Context()
         inbox = ipc.pull(ctx, ports.detokenizer)

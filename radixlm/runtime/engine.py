@@ -33,7 +33,7 @@ class Engine:
 
     async def _start(self) -> Runtime:
         backend = await asyncio.get_running_loop().run_in_executor(None, launch, self.server_args)
-        return Runtime.start(self.server_args, backend)
+        return Runtime.start(self.server_args, backend, hf_tokenizer=True)
 
     @property
     def tokenizer(self):

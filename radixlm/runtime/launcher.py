@@ -16,9 +16,13 @@ from dataclasses import dataclass
 
 from radixlm.runtime import ipc, threads
 from radixlm.runtime.config import ServerArgs
-from radixlm.runtime.distributed.parallel import RankInfo, check_gpu_count, file_init_method
-from radixlm.runtime.distributed.shard import check_tp_size
-from radixlm.runtime.loader.loader import load_config
+from radixlm.runtime.distributed.placement import (
+    RankInfo,
+    check_gpu_count,
+    check_tp_size,
+    file_init_method,
+)
+from radixlm.runtime.loader.model_files import load_config
 from radixlm.runtime.tokenizer_manager import TokenizerManager
 
 logger = logging.getLogger(__name__)

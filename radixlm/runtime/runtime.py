@@ -12,12 +12,12 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import torch
-
+from radixlm.runtime import threads
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.io_struct import GenerateInput
 from radixlm.runtime.launcher import Backend, rss_bytes
-from radixlm.runtime.loader.loader import load_config, load_tokenizer
+from radixlm.runtime.loader.model_files import load_config, load_tokenizer
+from radixlm.runtime.loader.text_tokenizer import load_text_tokenizer
 from radixlm.runtime.tokenizer_manager import TokenizerManager
 
 logger = logging.getLogger(__name__)
@@ -34,10 +34,13 @@ class Runtime:
             self._watch = asyncio.get_running_loop().create_task(self._watchdog())
 
     @classmethod
-    def start(cls, args: ServerArgs, backend: Backend) -> Runtime:
-        """Call on the loop that will serve requests."""
+    def start(cls, args: ServerArgs, backend: Backend, hf_tokenizer: bool = False) -> Runtime:
+        """Call on the loop that will serve requests, after ``launch``: the scheduler has saved
+        the torch-free tokenizer by then. ``hf_tokenizer``: hold transformers' tokenizer
+        instead (the Engine's users get its whole API)."""
         _, path, fmt = load_config(args)
-        tokenizer = load_tokenizer(args, path, fmt)
+        load = load_tokenizer if hf_tokenizer else load_text_tokenizer
+        tokenizer = load(args, path, fmt)
         manager = backend.manager(tokenizer)
         manager.start()
         return cls(args, backend, manager)
@@ -109,7 +112,7 @@ class Runtime:
             **{k: v for k, v in dataclasses.asdict(self.args).items() if k != "api_key"},
             **self.backend.info,
             "max_total_tokens": self.backend.info["max_total_tokens"],
-            "threads": {**self.backend.info["threads"], "server": torch.get_num_threads()},
+            "threads": {**self.backend.info["threads"], "server": threads.torch_threads()},
             "rss_bytes": {
                 **getattr(self.backend, "rss_bytes", dict)(),
                 "server": rss_bytes(os.getpid()),

@@ -1,7 +1,8 @@
 """How many torch threads each process runs, and how idle OpenMP threads wait.
 
 Only the processes that compute (the scheduler and the tensor-parallel ranks) get a thread pool;
-the detokenizer and the server run torch with one thread. By default the computing processes
+the detokenizer and the server do not import torch (with a tokenizer only transformers can load,
+they run it with one thread). By default the computing processes
 share the physical cores but one (left to the server and the detokenizer), at most 8 threads
 each, and idle OpenMP threads sleep instead of spinning: with spinning threads, one core taken by
 other work stalls every parallel region (on 2 cores a 2-thread greedy decode fell from 55 to
@@ -14,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
 from collections.abc import Mapping
 
 ENV_VAR = "RADIXLM_NUM_THREADS"
@@ -46,6 +48,13 @@ def child_env(threads: int, environ: Mapping[str, str] = os.environ) -> dict[str
         env.update(PASSIVE_WAIT)
     env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
     return env
+
+
+def torch_threads() -> int:
+    """This process's torch intra-op threads; 0 when it has not imported torch (the server and
+    the detokenizer of ``radixlm serve`` do not)."""
+    torch = sys.modules.get("torch")
+    return torch.get_num_threads() if torch is not None else 0
 
 
 def apply(threads: int) -> None:

@@ -3,7 +3,7 @@
 Roles: ``scheduler`` (tensor-parallel rank 0), ``tp_worker`` (ranks > 0), ``detokenizer``.
 The configuration (server args, ports, the process's rank and torch thread count) arrives as
 JSON on stdin; readiness goes back as one JSON line on READY_FD, with the process's own count of
-torch threads.
+torch threads (0 where it does not import torch: the detokenizer).
 Children are started with subprocess rather than multiprocessing's spawn, so that a user's
 script without an ``if __name__ == "__main__"`` guard is never re-run in them.
 """
@@ -14,11 +14,9 @@ import json
 import os
 import sys
 
-import torch
-
 from radixlm.runtime import threads
 from radixlm.runtime.config import ServerArgs
-from radixlm.runtime.distributed.parallel import RankInfo
+from radixlm.runtime.distributed.placement import RankInfo
 from radixlm.runtime.ipc import PortArgs
 
 
@@ -28,7 +26,7 @@ class ReadyPipe:
 
     def send(self, msg: dict) -> None:
         if msg.get("ok"):
-            msg = {**msg, "threads": torch.get_num_threads()}
+            msg = {**msg, "threads": threads.torch_threads()}
         os.write(self.fd, (json.dumps(msg) + "\n").encode())
         os.close(self.fd)
 
@@ -38,7 +36,8 @@ def main() -> None:
     config = json.loads(sys.stdin.read())
     args, ports = ServerArgs(**config["args"]), PortArgs(**config["ports"])
     rank = RankInfo(**config.get("rank", {}))
-    threads.apply(config.get("threads", 1))
+    if role != "detokenizer":  # NOTE: its environment gives torch, if it ever loads, 1 thread
+        threads.apply(config.get("threads", 1))
     if role == "scheduler":
         from radixlm.runtime.scheduler.process import run_scheduler_process
 

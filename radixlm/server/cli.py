@@ -14,7 +14,6 @@ from collections.abc import Iterator
 
 import uvicorn
 
-from radixlm.runtime import threads
 from radixlm.runtime.config import (
     ATTENTION_BACKENDS,
     DTYPES,
@@ -209,6 +208,5 @@ def main(argv: list[str] | None = None) -> None:
 
         sys.exit(serve_ray(argv[1:]))
     args = parse_args(argv)
-    threads.apply(1)  # NOTE: this process only tokenizes and serves; the scheduler computes
     logging.basicConfig(level=args.log_level.upper(), format="[server] %(levelname)s %(message)s")
     sys.exit(serve(args))

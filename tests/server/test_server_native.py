@@ -79,7 +79,8 @@ def test_model_and_server_info(tiny_client, tiny_llama):
     server = tiny_client.get("/get_server_info").json()
     assert server["max_total_tokens"] == 16384 and server["max_running_requests"] == 64
     assert "api_key" not in server
-    assert server["threads"]["server"] == server["threads"]["detokenizer"] == 1
+    # NOTE: 0: neither process imports torch
+    assert server["threads"]["server"] == server["threads"]["detokenizer"] == 0
     expected = {"num_running", "free_tokens", "kv_invariant_ok", "cache_hit_rate"}
     assert expected <= set(server["stats"])
 

@@ -1,30 +1,17 @@
-"""Where a process sits in a replica, and the tensor-parallel group it talks to."""
+"""The tensor-parallel group a scheduler rank talks to, and the device it computes on."""
 
 from __future__ import annotations
 
 import datetime
-import os
-from dataclasses import asdict, dataclass
 
 import torch
 import torch.distributed as dist
 
+from radixlm.runtime.distributed.placement import RankInfo
+
 # NOTE: rank > 0 waits in a broadcast for as long as the server is idle, so collectives must not
 # time out; a rank that dies closes its sockets, which fails the others' collectives at once.
 COLLECTIVE_TIMEOUT = datetime.timedelta(days=365)
-
-
-@dataclass(frozen=True)
-class RankInfo:
-    """One scheduler process's place: tensor-parallel rank and size, and the GPU it uses."""
-
-    tp_rank: int = 0
-    tp_size: int = 1
-    gpu_id: int = 0
-    init_method: str = ""
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 class TPGroup:
@@ -74,15 +61,6 @@ def resolve_device(name: str, gpu_id: int = 0) -> torch.device:
     return torch.device(name)
 
 
-def check_gpu_count(device: str, tp_size: int) -> None:
-    """Raise ValueError when tensor parallelism on CUDA needs more GPUs than are visible."""
-    if device not in ("auto", "cuda") or tp_size == 1 or not torch.cuda.is_available():
-        return
-    count = torch.cuda.device_count()
-    if tp_size > count:
-        raise ValueError(f"tp_size={tp_size} needs {tp_size} GPUs, but {count} are visible")
-
-
 def init_tp_group(info: RankInfo, device: torch.device) -> TPGroup:
     """Join the replica's process group (NCCL on CUDA, gloo on CPU); blocks until all ranks do.
     Each rank's CPU threads were set at its start (``runtime.threads``)."""
@@ -96,8 +74,3 @@ def init_tp_group(info: RankInfo, device: torch.device) -> TPGroup:
         timeout=COLLECTIVE_TIMEOUT,
     )
     return TPGroup(info.tp_rank, info.tp_size, device)
-
-
-def file_init_method(private_dir: str) -> str:
-    """A ``file://`` rendezvous inside the runtime's private temporary directory."""
-    return f"file://{os.path.join(private_dir, 'tp_init')}"

@@ -18,23 +18,8 @@ from radixlm.runtime.distributed.layers import (
     VocabParallelEmbedding,
 )
 from radixlm.runtime.distributed.parallel import TPGroup
+from radixlm.runtime.distributed.placement import check_tp_size
 from radixlm.runtime.models.layers import Attention, GatedMLP
-
-
-def check_tp_size(config: ModelConfig, tp_size: int) -> None:
-    """Raise ValueError unless the model's heads and MLP split evenly over ``tp_size`` ranks."""
-    if tp_size == 1:
-        return
-    heads, kv = config.num_heads, config.num_kv_heads
-    shape = f"the model has {heads} attention heads and {kv} KV heads"
-    if heads % tp_size:
-        raise ValueError(f"tp_size={tp_size} must divide the number of attention heads; {shape}")
-    if kv % tp_size and tp_size % kv:
-        raise ValueError(
-            f"tp_size={tp_size} must divide the number of KV heads or be a multiple of it; {shape}"
-        )
-    if config.intermediate_size % tp_size:
-        raise ValueError(f"tp_size={tp_size} must divide the MLP size ({config.intermediate_size})")
 
 
 def local_heads(config: ModelConfig, world: int) -> tuple[int, int]:

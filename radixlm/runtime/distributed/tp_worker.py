@@ -14,7 +14,7 @@ import traceback
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.distributed import disk_sync
 from radixlm.runtime.distributed.batch_sync import DiskOp, receive_batch
-from radixlm.runtime.distributed.parallel import RankInfo
+from radixlm.runtime.distributed.placement import RankInfo
 from radixlm.runtime.executor.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)

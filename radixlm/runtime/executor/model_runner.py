@@ -9,7 +9,8 @@ import torch
 
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.distributed.batch_sync import broadcast_batch, broadcast_stop
-from radixlm.runtime.distributed.parallel import RankInfo, init_tp_group, resolve_device
+from radixlm.runtime.distributed.parallel import init_tp_group, resolve_device
+from radixlm.runtime.distributed.placement import RankInfo
 from radixlm.runtime.distributed.shard import local_heads, shard_model
 from radixlm.runtime.executor.attention.base import create_attention_backend
 from radixlm.runtime.executor.cpu_graph_runner import CpuGraphRunner, DecodeAttention

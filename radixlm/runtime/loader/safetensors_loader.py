@@ -6,10 +6,12 @@ import glob
 import json
 import os
 from collections.abc import Iterator
-
-import torch
+from typing import TYPE_CHECKING
 
 from radixlm.runtime.config import ModelConfig
+
+if TYPE_CHECKING:
+    import torch
 
 
 def hf_config(path: str) -> ModelConfig:

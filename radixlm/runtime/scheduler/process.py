@@ -13,7 +13,7 @@ import zmq
 
 from radixlm.runtime import ipc, threads
 from radixlm.runtime.config import ServerArgs
-from radixlm.runtime.distributed.parallel import RankInfo
+from radixlm.runtime.distributed.placement import RankInfo
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.loader.gguf_loader import release_gguf
 from radixlm.runtime.messages import Batch

@@ -10,13 +10,13 @@ import pytest
 import torch
 from backend_params import INSTALLED
 
-from radixlm.runtime.constrained import (
-    GrammarCompiler,
+from radixlm.runtime.constrained.base import (
     Matcher,
     allocate_bitmask,
     apply_bitmask,
     create_grammar_backend,
 )
+from radixlm.runtime.constrained.compiler import GrammarCompiler
 from radixlm.runtime.constrained.vocabulary import token_bytes_table
 
 VOCAB_SIZE = 49152

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from radixlm.runtime.constrained import allocate_bitmask, apply_bitmask, unpack_bitmask
+from radixlm.runtime.constrained.base import allocate_bitmask, apply_bitmask, unpack_bitmask
 
 
 def test_allocate_allows_everything():

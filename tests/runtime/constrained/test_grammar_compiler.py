@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from radixlm.runtime.constrained import Grammar, GrammarCompiler
+from radixlm.runtime.constrained.base import Grammar
+from radixlm.runtime.constrained.compiler import GrammarCompiler
 
 
 class _StubGrammar(Grammar):

@@ -10,13 +10,13 @@ import torch
 from backend_params import BACKENDS, INSTALLED, needs_xgrammar
 
 from radixlm.runtime.config import ServerArgs
-from radixlm.runtime.constrained import (
+from radixlm.runtime.constrained.base import (
     GRAMMAR_BACKENDS,
-    advance_with_jump_forward,
     allocate_bitmask,
     create_grammar_backend,
     unpack_bitmask,
 )
+from radixlm.runtime.constrained.jump_forward import advance_with_jump_forward
 
 VOCAB = 49152
 EOS = 2

@@ -7,8 +7,7 @@ import re
 
 import pytest
 
-from radixlm.runtime.constrained import constraint_from_params
-from radixlm.runtime.constrained.specs import check_regex, choices_regex
+from radixlm.runtime.constrained.specs import check_regex, choices_regex, constraint_from_params
 
 
 def test_no_constraint_is_none():

@@ -9,7 +9,8 @@ import time
 import pytest
 from worker_helpers import wait_until, worker_pids
 
-from radixlm.runtime.constrained import Grammar, GrammarCompiler
+from radixlm.runtime.constrained.base import Grammar
+from radixlm.runtime.constrained.compiler import GrammarCompiler
 
 TIMEOUT_S = 4.0
 PATHOLOGICAL = ("(a|b)*a(a|b){16}", "(a|b)*b(a|b){16}", "a{100000}", "(a{1,100}){1,100}")

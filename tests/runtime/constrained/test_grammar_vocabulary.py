@@ -6,7 +6,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast
 
-from radixlm.runtime.constrained import create_grammar_backend
+from radixlm.runtime.constrained.base import create_grammar_backend
 from radixlm.runtime.constrained.vocabulary import token_bytes_table, token_style
 
 VOCAB = 49152

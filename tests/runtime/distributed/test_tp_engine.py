@@ -45,7 +45,7 @@ def test_tp2_tiny_model_matches_tp1(tiny_tp2, tiny_engine):
 def test_ranks_share_the_cores(tiny_tp2):
     counts = tiny_tp2.get_server_info()["threads"]
     assert counts["scheduler"] == counts["tp rank 1"] == compute_threads(None, processes=2)
-    assert counts["detokenizer"] == 1
+    assert counts["detokenizer"] == 0  # NOTE: it imports no torch
 
 
 def test_tp3_smollm_matches_tp1(smol_engine):

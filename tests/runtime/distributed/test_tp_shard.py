@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from radixlm.runtime.config import ModelConfig
-from radixlm.runtime.distributed.shard import check_tp_size, local_heads, shard_model
+from radixlm.runtime.distributed.placement import check_tp_size
+from radixlm.runtime.distributed.shard import local_heads, shard_model
 from radixlm.runtime.executor.attention.base import create_attention_backend
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.mem_cache.memory_pool import KVPool

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from radixlm.runtime.config import ModelConfig, ServerArgs
-from radixlm.runtime.loader.loader import load_config
+from radixlm.runtime.loader.model_files import load_config
 
 
 def test_missing_path_names_the_path():
