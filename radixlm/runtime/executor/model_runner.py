@@ -96,8 +96,10 @@ class ModelRunner:
         copies = (Int4DecodeLinear, Int8DecodeHead)
         quant = [b for m in self.model.modules() if isinstance(m, copies)
                  for b in m.buffers(recurse=False)]  # fmt: skip
+        # NOTE: the projections' bf16 weights in oneDNN's layout are not parameters
+        dense = sum(m.dense_bytes for m in self.model.modules() if isinstance(m, Int4DecodeLinear))
         return {
-            "weights": size(self.model.parameters()),
+            "weights": size(self.model.parameters()) + dense,
             "quantized_copies": size(quant),
             "kv_pool": size(self.kv_pool.k + self.kv_pool.v),
             "request_table": size([self.req_pool.table]),

@@ -53,10 +53,14 @@ def test_int4_copy_reproduces_a_q4_weight(make, bias):
         assert (got - want).abs().max() <= 0.01 * want.abs().max()
 
 
-def test_larger_steps_use_the_bf16_weight():
+@pytest.mark.parametrize("rows", [MAX_INT4_ROWS + 1, 32, 300])
+def test_larger_steps_use_the_bf16_weight(rows):
+    """Through oneDNN's blocked layout where torch has it: the same bits as ``F.linear``."""
     linear = nn.Linear(64, 32, dtype=torch.bfloat16)
     int4 = Int4DecodeLinear(linear)
-    x = torch.randn(MAX_INT4_ROWS + 1, 64).bfloat16()
+    assert (int4.dense is not None) == torch.backends.mkldnn.is_available()
+    assert int4.weight is None or int4.dense is None  # NOTE: one bf16 copy, not two
+    x = torch.randn(rows, 64).bfloat16()
     assert torch.equal(int4(x), F.linear(x, linear.weight, linear.bias))
 
 
