@@ -171,6 +171,10 @@ class CpuGraphRunner:
 
         inductor.compile_threads = 1  # NOTE: no pool of compile processes beside the scheduler
         inductor.emulate_precision_casts = True  # NOTE: bf16 rounding where eager rounds
+        # NOTE: compiled code hangs on the model class's ``forward``, and without module guards
+        # another model of the class in this process (tests make several) would reuse graphs
+        # traced through its layers; a scheduler holds one model, so forget the others'.
+        torch._dynamo.reset()
         # NOTE: no guards on the model's modules: their weights are never replaced, and
         # checking ~300 parameters cost ~1 ms of a ~14 ms step
         self.compiled = torch.compile(self.model.forward, dynamic=None, options={
