@@ -59,9 +59,10 @@ def text_tokenizer_dir(args: ServerArgs, path: str) -> str | None:
 
 def save_text_tokenizer(tokenizer: Any, directory: str | None) -> bool:
     """Save what ``tokenizer`` (transformers') runs on into ``directory``, unless it is there;
-    False when the tokenizer has no ``tokenizers`` backend or the directory is not writable."""
+    False when the tokenizer has no ``tokenizers`` backend, this transformers has no
+    torch-free template renderer, or the directory is not writable."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    if directory is None or backend is None:
+    if directory is None or backend is None or not _renderer_available():
         return False
     if os.path.isfile(os.path.join(directory, META_FILE)):
         return True
@@ -86,6 +87,17 @@ def save_text_tokenizer(tokenizer: Any, directory: str | None) -> bool:
         except OSError:
             shutil.rmtree(staging, ignore_errors=True)
     except OSError:
+        return False
+    return True
+
+
+def _renderer_available() -> bool:
+    try:
+        from transformers.utils.chat_template_utils import (  # noqa: F401
+            _normalize_chat_messages,
+            render_jinja_template,
+        )
+    except ImportError:  # NOTE: an older transformers: those processes load its tokenizer
         return False
     return True
 
