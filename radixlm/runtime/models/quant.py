@@ -9,7 +9,7 @@ int4 kernel is slower than bf16 GEMM, use the bf16 weight, kept in oneDNN's bloc
 (:func:`onednn_weight`): ``F.linear`` reorders a plain weight into it at every call, which cost
 a batch of 32 decode steps a third of its matmul time (30 layers' projections, weights out of
 cache: 77 ms against 51 ms at 32 rows, 63 against 35 at 16, 5-15% at prefill sizes), for the
-same bits.
+same bits in inference mode (where the runner runs).
 
 Each group takes the better of two grids: min..max in 15 steps (Q4_1: its minimum and maximum
 are codes 0 and 15) or a symmetric one whose code 0 is the largest-magnitude value (Q4_0:
@@ -76,8 +76,8 @@ def _fit(groups: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> tup
 
 def onednn_weight(weight: torch.Tensor) -> torch.Tensor | None:
     """``weight`` (bf16 ``[N, K]``) reordered once into oneDNN's blocked layout for
-    ``mkldnn._linear_pointwise`` (what inductor's CPU freezing uses; any row count, bitwise
-    ``F.linear``'s result); None where this torch has no oneDNN."""
+    ``mkldnn._linear_pointwise`` (what inductor's CPU freezing uses; any row count; in
+    inference mode bitwise ``F.linear``'s result); None where this torch has no oneDNN."""
     if not torch.backends.mkldnn.is_available():
         return None
     try:
