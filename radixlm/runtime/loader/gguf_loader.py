@@ -108,25 +108,22 @@ def gguf_config(reader) -> ModelConfig:
 
 def gguf_weights(reader, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (Hugging Face name, float32 tensor), undoing llama.cpp's Q/K row permutation."""
-    import torch  # NOTE: here, not above: the config and tokenizer are read without torch
-
     permute = config.architecture == "LlamaForCausalLM"
     for t in reader.tensors:
-        shape = [int(d) for d in reversed(t.shape)]
-        tensor = _dequantize(t).reshape(shape)
+        tensor = _dequantize(t).reshape([int(d) for d in reversed(t.shape)])
         name = _hf_name(t.name)
         if permute and name.endswith("q_proj.weight"):
-            tensor = torch.from_numpy(_unpermute(tensor.numpy(), config.num_heads))
+            tensor = _unpermute(tensor, config.num_heads)
         elif permute and name.endswith("k_proj.weight"):
-            tensor = torch.from_numpy(_unpermute(tensor.numpy(), config.num_kv_heads))
-        yield name, tensor.contiguous()
+            tensor = _unpermute(tensor, config.num_kv_heads)
+        yield name, tensor
 
 
 def _dequantize(t) -> torch.Tensor:
-    """One tensor in float32: the 32-weight block formats in torch (~10x faster than
-    ``gguf.quants``' numpy, with the same float32 arithmetic, so the same values), the others
-    with ``gguf.quants``."""
-    import torch
+    """One tensor in float32, to be reshaped by the caller: the 32-weight block formats in
+    torch (SmolLM2: 0.74 s against 1.77 s for ``gguf.quants``' numpy, with the same float32
+    arithmetic, so the same values), the others with ``gguf.quants``."""
+    import torch  # NOTE: here, not above: the config and tokenizer are read without torch
 
     kind = t.tensor_type.name
     if kind not in _BLOCK_BYTES:
@@ -156,7 +153,7 @@ def _hf_name(name: str) -> str:
     return f"{_NAMES[parts[0]]}.{suffix}"
 
 
-def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     """Inverse of llama.cpp's ``permute``: interleaved rotary pairs back to rotate-halves order."""
     rows = w.shape[0]
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)

@@ -50,7 +50,8 @@ def text_tokenizer_dir(args: ServerArgs, path: str) -> str | None:
         files = [os.path.join(source, n) for n in names if os.path.isfile(os.path.join(source, n))]
     else:
         files = [source]
-    key = [source, *(f"{f}:{os.stat(f).st_size}:{os.stat(f).st_mtime_ns}" for f in files)]
+    stats = ((f, os.stat(f)) for f in files)
+    key = [source, *(f"{f}:{s.st_size}:{s.st_mtime_ns}" for f, s in stats)]
     for package in ("transformers", "tokenizers"):
         key.append(importlib.metadata.version(package))
     digest = hashlib.sha256("\n".join(key).encode()).hexdigest()[:24]
