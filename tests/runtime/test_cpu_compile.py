@@ -18,7 +18,7 @@ PROMPTS = [[5, 17, 300, 41, 9], [7, 8, 9], [400, 401, 402, 403, 404, 405, 406, 4
 def decode_logits(runner: ModelRunner, rows: list[int], steps: int) -> list[torch.Tensor]:
     """Prefill the prompts of ``rows``, then ``steps`` decode steps of them together (each
     feeding its greedy token); the logits of every step."""
-    prompts = [PROMPTS[r] for r in rows]
+    prompts = [PROMPTS[r % len(PROMPTS)] for r in rows]
     table, out = runner.req_pool.table, []
     base = [1 + 64 * i for i in range(len(prompts))]  # NOTE: each request's own KV slots
     for i, p in enumerate(prompts):
@@ -45,13 +45,13 @@ def decode_logits(runner: ModelRunner, rows: list[int], steps: int) -> list[torc
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_compiled_decode_matches_eager(tiny_llama, dtype):
     runner = ModelRunner(ServerArgs(
-        model_path=tiny_llama, dtype=dtype, max_total_tokens=512, disable_cpu_compile=False,
+        model_path=tiny_llama, dtype=dtype, max_total_tokens=1024, disable_cpu_compile=False,
     ))  # fmt: skip
     graphs = runner.cpu_graphs
     assert graphs is not None and graphs.wait(600), "compiling took over 10 minutes"
     assert runner.cpu_compile_status == "ready", runner.cpu_compile_status
     tol = 1e-4 if dtype == "float32" else 5e-2
-    for rows in ([0], [0, 1, 2]):
+    for rows in ([0], [0, 1, 2], list(range(12))):
         compiled = decode_logits(runner, rows, steps=6)
         graphs.ready.clear()  # NOTE: the same steps again, eagerly
         eager = decode_logits(runner, rows, steps=6)
@@ -105,6 +105,45 @@ def test_a_verify_step_computes_what_decode_steps_compute(tiny_llama):
             assert torch.equal(step(tokens[:k], [n], [k]), decoded), k
             mixed = step(tokens[:k] + [tokens[0]], [n, n], [k, 1])
             assert torch.equal(mixed[:k], decoded) and torch.equal(mixed[k], decoded[0]), k
+
+
+def test_large_decode_batches_run_compiled_unless_they_share_a_prefix(tiny_llama):
+    """A decode batch of more than 8 requests (the bf16 weights through oneDNN, as an opaque
+    op in the graph) runs its compiled graph with the eager step's tokens; one whose requests
+    share ``MIN_SHARED_PREFIX`` KV slots runs eagerly (cascade attention reads them once)."""
+    from radixlm.runtime.executor.attention.torch_backend import MIN_SHARED_PREFIX
+
+    runner = ModelRunner(ServerArgs(
+        model_path=tiny_llama, dtype="bfloat16", quantization="int4", max_total_tokens=2048,
+        disable_cpu_compile=False,
+    ))  # fmt: skip
+    graphs = runner.cpu_graphs
+    assert graphs.wait(600) and runner.cpu_compile_status == "ready"
+    rows, steps, run = list(range(12)), [], graphs.forward
+    graphs.forward = lambda batch: steps.append(batch.input_ids.shape[0]) or run(batch)
+    compiled = decode_logits(runner, rows, steps=3)
+    assert steps == [12, 12, 12]  # NOTE: the three decode steps ran compiled
+    graphs.ready.clear()
+    eager = decode_logits(runner, rows, steps=3)
+    graphs.ready.update(graphs.compile_s)
+    for c, e in zip(compiled, eager):
+        assert torch.equal(c.argmax(-1), e.argmax(-1))
+        torch.testing.assert_close(c, e, atol=5e-2, rtol=5e-2)
+
+    table, shared = runner.req_pool.table, MIN_SHARED_PREFIX
+    table[:12, :shared] = torch.arange(1, shared + 1)
+    for i in rows:
+        table[i, shared : shared + 2] = torch.arange(shared + 1 + 2 * i, shared + 3 + 2 * i)
+
+    def decode(prefix: int) -> ForwardBatch:
+        return ForwardBatch.build(
+            input_ids=[5] * 12, prefix_lens=[prefix] * 12, extend_lens=[1] * 12, req_slots=rows,
+            out_cache_loc=table[:12, prefix], logits_indices=rows, req_to_token=table,
+        )  # fmt: skip
+
+    assert not graphs.can_run(decode(shared + 1))
+    table[0, shared - 1] = 2000  # NOTE: now they share one slot less
+    assert graphs.can_run(decode(shared + 1))
 
 
 def verify_step(runner: ModelRunner, extends: list[int]) -> ForwardBatch:

@@ -13,12 +13,13 @@ KV once per request, not once per token, keeps a verify step's attention near a 
 step's. A dynamic size is specialised where it is 1, so there are four graphs of at most 8
 tokens (the int4 and int8 copies' limit), each over any context length: one token
 (single-stream decode, the common case); one request's token and draft (``[1, E]``); a
-decode batch (``[R, 1]``); and a mix (``[R, E]``). Larger steps stay eager, as do prefill
-chunks (they need logits for their last token only). A compiled step of 32 requests took
-130 ms against 238 eager (bench_offline batch-32: 250 tok/s against 204), but it reads every
-request's KV in full where the eager backend reads a prefix the batch shares once, and on
-bench_prefix (32 questions on a 790-token prefix) it was slower: 6.8 req/s against 7.6; it is
-left out until it has the shared-prefix (cascade) form.
+decode batch (``[R, 1]``); and a mix (``[R, E]``); and a fifth for decode batches of more
+than 8 requests, whose projections take the bf16 weights (SmolLM2, 32 requests at 80 tokens
+of context: 96 ms a step against 135 eager). That one reads every request's KV in full where
+the eager backend reads a prefix the batch shares once (cascade): on bench_prefix (32
+questions on a 790-token prefix) it was slower, so a batch whose requests share
+``MIN_SHARED_PREFIX`` slots or more runs eagerly. Other steps stay eager, as do prefill
+chunks (they need logits for their last token only).
 
 The graphs compile on a background thread started once the scheduler reported ready (``start``),
 so start-up does not share the CPU with it; steps run eagerly until their graph is ready, so no
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
+from radixlm.runtime.executor.attention.torch_backend import MIN_SHARED_PREFIX, shared_prefix_len
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.mem_cache.memory_pool import KVPool
 from radixlm.runtime.models.quant import MAX_INT4_ROWS
@@ -43,10 +45,10 @@ from radixlm.runtime.models.quant_head import MAX_INT8_HEAD_ROWS
 
 logger = logging.getLogger(__name__)
 
-# NOTE: beyond the int4 and int8 copies' rows a step is compute-bound: eager is as fast
+# The int4 and int8 copies' rows: the small graphs' limit (larger steps take the bf16 weights)
 MAX_ROWS = min(MAX_INT4_ROWS, MAX_INT8_HEAD_ROWS)
 # The graphs, in the order they compile: name -> the tokens per request of the example step
-GRAPHS = {"1": [1], "verify": [3], "decode": [1, 1, 1], "mixed": [4, 1]}
+GRAPHS = {"1": [1], "verify": [3], "decode": [1, 1, 1], "mixed": [4, 1], "batch": [1] * 16}
 WARMUP_LEN = 16  # context length of the compile-time example (the dimension is dynamic)
 
 
@@ -119,13 +121,18 @@ class CpuGraphRunner:
         return "ready" if len(self.ready) == len(GRAPHS) else "compiling"
 
     def can_run(self, batch: ForwardBatch) -> bool:
-        """A step of at most ``MAX_ROWS`` tokens that all need logits (decode, verify), whose
-        graph is compiled."""
+        """A step whose tokens all need logits (decode, verify) and whose graph is compiled:
+        at most ``MAX_ROWS`` tokens, or a decode batch without a long shared prefix."""
         tokens = batch.input_ids.shape[0]
         graph = _graph(tokens, batch.extend_lens_list)
         if graph not in self.ready or batch.logits_indices.shape[0] != tokens:
             return False
-        return bool(torch.equal(batch.logits_indices, torch.arange(tokens)))
+        if not torch.equal(batch.logits_indices, torch.arange(tokens)):
+            return False
+        if graph == "batch":
+            kv_index = batch.req_to_token[batch.req_slots, : min(batch.seq_lens_list)]
+            return shared_prefix_len(kv_index) < MIN_SHARED_PREFIX
+        return True
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Logits ``[T, vocab]`` of the step, from its compiled graph. The call only looks
@@ -197,7 +204,7 @@ class CpuGraphRunner:
 def _graph(tokens: int, extend_lens: list[int]) -> str | None:
     """The graph for a step of ``tokens`` tokens, ``extend_lens`` per request (see module)."""
     if tokens > MAX_ROWS:
-        return None
+        return "batch" if tokens == len(extend_lens) else None
     if tokens == 1:
         return "1"
     if len(extend_lens) == 1:

@@ -91,9 +91,25 @@ def onednn_weight(weight: torch.Tensor) -> torch.Tensor | None:
 
 
 def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
-    out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), weight, bias,
-                                             "none", [], "")  # fmt: skip
+    flat = x.reshape(-1, x.shape[-1])
+    if torch.compiler.is_compiling():
+        out = onednn_linear(flat, weight, bias)
+    else:
+        out = torch.ops.mkldnn._linear_pointwise(flat, weight, bias, "none", [], "")
     return out.view(*x.shape[:-1], out.shape[-1])
+
+
+@torch.library.custom_op("radixlm::onednn_linear", mutates_args=())
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``mkldnn._linear_pointwise`` as an opaque op for compiled steps: inductor lowers the
+    op itself only for weights it packed (freezing), not for a packed weight that is a graph
+    input."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+@onednn_linear.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty(x.shape[0], weight.shape[0])
 
 
 class Int4DecodeLinear(nn.Module):

@@ -57,7 +57,7 @@ class TorchAttentionBackend(AttentionBackend):
         mask = (keys[None, None, :] <= q_pos[:, :, None]) & (
             keys[None, None, :] < seq_t[:, None, None]
         )
-        shared_len = _shared_prefix_len(kv_index, min(seq)) if n > 1 else 0
+        shared_len = shared_prefix_len(kv_index[:, : min(seq)]) if n > 1 else 0
         shared = None
         if shared_len >= MIN_SHARED_PREFIX:
             # NOTE: new tokens get fresh slots, so every query sits past the shared part and
@@ -129,13 +129,24 @@ def grouped_attention(
     q ``[B, E, H, D]``, k/v ``[B, L, Hkv, D]``, mask ``[B, E, L]`` (True = attend) or None ->
     (out ``[B, E, H, D]``, and with ``with_lse`` the log-sum-exp of the scores ``[B, E, H]``).
     Softmax runs in float32.
+
+    With one query per request (decode) the matmuls read k/v as gathered, ``[L, Hkv * D]``
+    per request, against block-diagonal queries (each head's query in its KV head's block,
+    zeros elsewhere), and keep each head's own block of the output: ``Hkv`` times the
+    multiply-adds of a product that is tiny at one query, instead of a transposing copy of
+    the whole gathered KV per layer (batch-32 decode attention ~2x faster, same values).
     """
     b, e, h, d = q.shape
     hkv = k.shape[2]
     g = h // hkv
-    q = q.view(b, e, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(b, hkv, g * e, d)
-    scores = torch.matmul(q, k.permute(0, 2, 3, 1)).float().mul_(scale)  # [B, Hkv, G*E, L]
-    scores = scores.view(b, hkv, g, e, -1)
+    if e == 1:
+        q_blocks = q.new_zeros(b, hkv, g, hkv, d)
+        torch.diagonal(q_blocks, dim1=1, dim2=3).copy_(q.view(b, hkv, g, d).permute(0, 2, 3, 1))
+        scores = torch.matmul(q_blocks.view(b, h, hkv * d), k.reshape(b, -1, hkv * d).mT)
+    else:
+        q = q.view(b, e, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(b, hkv, g * e, d)
+        scores = torch.matmul(q, k.permute(0, 2, 3, 1))  # [B, Hkv, G*E, L]
+    scores = scores.float().mul_(scale).view(b, hkv, g, e, -1)
     if mask is not None:
         scores.masked_fill_(~mask[:, None, None], float("-inf"))
     lse = None
@@ -147,6 +158,10 @@ def grouped_attention(
         lse = (total.log_() + top).view(b, hkv, g, e).permute(0, 3, 1, 2).reshape(b, e, h)
     else:
         probs = torch.softmax(scores, dim=-1)
+    if e == 1:
+        out = torch.matmul(probs.to(v.dtype).view(b, h, -1), v.reshape(b, -1, hkv * d))
+        out = torch.diagonal(out.view(b, hkv, g, hkv, d), dim1=1, dim2=3)  # [B, G, D, Hkv]
+        return out.permute(0, 3, 1, 2).reshape(b, e, h, d), lse
     out = torch.matmul(probs.to(v.dtype).view(b, hkv, g * e, -1), v.transpose(1, 2))
     return out.view(b, hkv, g, e, d).permute(0, 3, 1, 2, 4).reshape(b, e, h, d), lse
 
@@ -172,9 +187,9 @@ def _gather(buf: torch.Tensor, index: torch.Tensor, dtype: torch.dtype) -> torch
     return rows.to(dtype)
 
 
-def _shared_prefix_len(kv_index: torch.Tensor, limit: int) -> int:
-    """How many leading KV slots every row has in common (within the first ``limit``)."""
-    same = (kv_index[:, :limit] == kv_index[:1, :limit]).all(dim=0)
+def shared_prefix_len(kv_index: torch.Tensor) -> int:
+    """How many leading KV slots every row of ``kv_index`` has in common."""
+    same = (kv_index == kv_index[:1]).all(dim=0)
     return int(same.int().cumprod(0).sum())
 
 
