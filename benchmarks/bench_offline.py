@@ -2,9 +2,10 @@
 Hugging Face ``generate()`` (fp32, bf16), llama.cpp (the same Q4_1 GGUF, llama-cpp-python) and,
 when its venv is there, vLLM's CPU build (bf16, the GGUF dequantized; see ``vllm_peer.py``).
 
-Single-stream decode tok/s and batch-32 aggregate throughput on the embedded SmolLM2 (llama.cpp's
-Python API generates one sequence at a time, so its batch is the prompts one after another), and
-the busy-machine variant: single-stream again while another process keeps one core busy.
+Single-stream decode tok/s (best of 3 runs) and batch-32 aggregate throughput on the embedded
+SmolLM2 (llama.cpp decodes the 32 sequences together in one context, as its server does with 32
+parallel slots), and the busy-machine variant: single-stream again while another process keeps
+one core busy.
 llama.cpp and vLLM get as many threads as radixlm's scheduler (``--threads``, default radixlm's
 own); vLLM batches the prompts itself.
 Run: ``.venv/bin/python benchmarks/bench_offline.py [--new-tokens 128] [--batch 32] [--skip-vllm]``
@@ -24,6 +25,7 @@ from common import bar_chart, log, save, wait_compiled  # noqa: E402
 from vllm_peer import busy_core  # noqa: E402
 
 PROMPT = "Write a long story about a robot who learns to paint."
+RUNS = 3  # NOTE: single-stream rows are the best of this many runs (~2 s each; a shared machine)
 
 
 def engine_runs(
@@ -42,7 +44,7 @@ def engine_runs(
             one = engine.generate(PROMPT, p)
             return one["meta_info"]["completion_tokens"] / (time.perf_counter() - start)
 
-        out = {"single_tok_s": single()}
+        out = {"single_tok_s": max(single() for _ in range(RUNS))}
         prompts = [f"{PROMPT} Variation {i}." for i in range(batch)]
         start = time.perf_counter()
         outs = engine.generate(prompts, p)
@@ -50,7 +52,7 @@ def engine_runs(
         out[f"batch{batch}_tok_s"] = total / (time.perf_counter() - start)
         if busy:
             with busy_core():
-                out["busy_single_tok_s"] = single()
+                out["busy_single_tok_s"] = max(single() for _ in range(RUNS))
     return out
 
 
@@ -87,19 +89,72 @@ def llamacpp_runs(new_tokens: int, batch: int, threads: int) -> dict[str, float]
     # NOTE: EOS banned so every run makes new_tokens tokens, like ignore_eos.
     p = {"max_tokens": new_tokens, "temperature": 0.0, "logit_bias": {llm.token_eos(): -1e9}}
 
-    def tokens(prompt: str) -> int:
-        return llm(prompt, **p)["usage"]["completion_tokens"]
-
-    tokens(PROMPT)  # warm-up
-    start = time.perf_counter()
-    single = tokens(PROMPT + " ") / (time.perf_counter() - start)
-    start = time.perf_counter()
-    total = sum(tokens(f"{PROMPT} Variation {i}.") for i in range(batch))
-    out = {"single_tok_s": single, f"batch{batch}_tok_s": total / (time.perf_counter() - start)}
-    with busy_core():
+    def single(run: int) -> float:
         start = time.perf_counter()
-        out["busy_single_tok_s"] = tokens(PROMPT + "  ") / (time.perf_counter() - start)
+        made = llm(PROMPT + " " * run, **p)["usage"]["completion_tokens"]
+        return made / (time.perf_counter() - start)
+
+    single(0)  # warm-up
+    best = max(single(run) for run in range(1, RUNS + 1))
+    prompts = [f"{PROMPT} Variation {i}." for i in range(batch)]
+    start = time.perf_counter()
+    total = sum(map(len, llamacpp_parallel(llm, prompts, new_tokens, threads)))
+    out = {"single_tok_s": best, f"batch{batch}_tok_s": total / (time.perf_counter() - start)}
+    with busy_core():
+        out["busy_single_tok_s"] = max(single(run) for run in range(RUNS + 1, 2 * RUNS + 1))
     return out
+
+
+def llamacpp_parallel(llm, prompts: list[str], new_tokens: int, threads: int) -> list[list[int]]:
+    """What llama.cpp's server does with a slot per prompt (``--parallel``): every prompt's
+    sequence in one context, prefilled in one batch, then one ``llama_decode`` per step over all
+    of them, greedy with EOS banned; returns each prompt's new tokens."""
+    import llama_cpp as lc
+    import numpy as np
+
+    seqs = [llm.tokenize(p.encode()) for p in prompts]
+    n, prompt_tokens = len(seqs), sum(len(s) for s in seqs)
+    params = lc.llama_context_default_params()
+    params.n_seq_max = n
+    params.n_ctx = n * -(-(max(map(len, seqs)) + new_tokens) // 256) * 256  # NOTE: per sequence
+    params.n_batch = params.n_ubatch = max(prompt_tokens, n)
+    params.n_threads = params.n_threads_batch = threads
+    params.kv_unified = False  # NOTE: a KV stream per sequence: faster without a shared prefix
+    ctx = lc.llama_init_from_model(llm.model, params)
+    batch = lc.llama_batch_init(max(prompt_tokens, n), 0, 1)
+    vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(llm.model))
+    eos = llm.token_eos()
+
+    def decode(entries: list[tuple[int, int, int, bool]]) -> None:
+        batch.n_tokens = len(entries)
+        for i, (token, pos, seq, logits) in enumerate(entries):
+            batch.token[i], batch.pos[i], batch.logits[i] = token, pos, logits
+            batch.n_seq_id[i], batch.seq_id[i][0] = 1, seq
+        if lc.llama_decode(ctx, batch) != 0:
+            raise RuntimeError("llama_decode failed")
+
+    def greedy(row: int) -> int:
+        logits = np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, row), shape=(vocab,))
+        logits[eos] = -np.inf
+        return int(logits.argmax())
+
+    try:
+        decode([(t, pos, i, pos == len(s) - 1) for i, s in enumerate(seqs)
+                for pos, t in enumerate(s)])  # fmt: skip
+        rows = list(np.cumsum([len(s) for s in seqs]) - 1)
+        lens, made = [len(s) for s in seqs], [[] for _ in seqs]
+        for step in range(new_tokens):
+            nxt = [greedy(r) for r in rows]
+            for out, t in zip(made, nxt):
+                out.append(t)
+            if step == new_tokens - 1:
+                break
+            decode([(t, lens[i], i, True) for i, t in enumerate(nxt)])
+            rows, lens = list(range(n)), [x + 1 for x in lens]
+    finally:
+        lc.llama_batch_free(batch)
+        lc.llama_free(ctx)
+    return made
 
 
 def vllm_runs(new_tokens: int, batch: int, threads: int) -> tuple[dict[str, float], dict] | None:
@@ -108,12 +163,15 @@ def vllm_runs(new_tokens: int, batch: int, threads: int) -> tuple[dict[str, floa
 
     p = {"max_tokens": new_tokens, "ignore_eos": True}
     prompts = [f"{PROMPT} Variation {i}." for i in range(batch)]
-    runs = [{"prompts": [PROMPT], **p}, {"prompts": prompts, **p}]
-    out = vllm_peer.run([*runs, {"prompts": [PROMPT], **p, "busy": True}], threads)
+    one, busy = {"prompts": [PROMPT], **p}, {"prompts": [PROMPT], **p, "busy": True}
+    out = vllm_peer.run([*[one] * RUNS, {"prompts": prompts, **p}, *[busy] * RUNS], threads)
     if out is None:
         return None
-    single, many, busy = (r["completion_tokens"] / r["seconds"] for r in out.pop("runs"))
-    return {"single_tok_s": single, f"batch{batch}_tok_s": many, "busy_single_tok_s": busy}, out
+    rates = [r["completion_tokens"] / r["seconds"] for r in out.pop("runs")]
+    return {
+        "single_tok_s": max(rates[:RUNS]), f"batch{batch}_tok_s": rates[RUNS],
+        "busy_single_tok_s": max(rates[RUNS + 1 :]),
+    }, out  # fmt: skip
 
 
 def main() -> None:
