@@ -33,10 +33,14 @@ def reference(q, pool: KVPool, slots_per_req, prefixes, extends, scale):
 def test_matches_reference(shared, extends, own_base, monkeypatch):
     monkeypatch.setattr(torch_backend, "MIN_SHARED_PREFIX", 8)
     monkeypatch.setattr(torch_backend, "SDPA_MIN_EXTEND", 16)
-    sdpa_calls = []
-    sdpa = torch_backend.sdpa_attention
+    monkeypatch.setattr(torch_backend, "FLASH_MIN_QUERIES", 12)
+    sdpa_calls, flash_calls = [], []
+    sdpa, flash = torch_backend.sdpa_attention, torch_backend.flash_attention
     monkeypatch.setattr(
         torch_backend, "sdpa_attention", lambda *a: sdpa_calls.append(a) or sdpa(*a)
+    )
+    monkeypatch.setattr(
+        torch_backend, "flash_attention", lambda *a: flash_calls.append(a) or flash(*a)
     )
     gen = torch.Generator().manual_seed(0)
     pool = KVPool(512, 1, KV_HEADS, DIM, torch.float32, torch.device("cpu"))
@@ -79,3 +83,7 @@ def test_matches_reference(shared, extends, own_base, monkeypatch):
     expected = reference(q, pool, slot_lists, prefixes, extends, DIM**-0.5)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
     assert bool(sdpa_calls) == (40 in extends)  # one long extend in its group: the SDPA path
+    # NOTE: the shared part of a group of 12+ query rows (padded): the flash kernel
+    rows = [len(r) * max(r) for r in ([e for e in extends if e == 1], [e for e in extends if e > 1])
+            if len(r) > 1]  # fmt: skip
+    assert bool(flash_calls) == bool(shared and any(n >= 12 for n in rows))
