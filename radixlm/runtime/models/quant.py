@@ -102,7 +102,7 @@ def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 # NOTE: ``mkldnn._linear_pointwise`` as an opaque op for compiled steps: inductor lowers the
 # op itself only for weights it packed (freezing makes them graph constants), not for these,
 # which are graph inputs. Defined with ``torch.library.Library`` rather than ``custom_op``:
-# ~10 us less a call (120 calls a step).
+# 16 us a call against 36 (120 calls a step of SmolLM2).
 _LIB = torch.library.Library("radixlm", "DEF")
 _LIB.define("onednn_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
 _LIB.impl("onednn_linear", lambda x, weight, bias: torch.ops.mkldnn._linear_pointwise(
