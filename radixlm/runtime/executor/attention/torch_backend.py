@@ -151,8 +151,7 @@ def grouped_attention(
         torch.diagonal(q_blocks, dim1=1, dim2=3).copy_(q.view(b, hkv, g, d).permute(0, 2, 3, 1))
         scores = torch.matmul(q_blocks.view(b, h, hkv * d), k.reshape(b, -1, hkv * d).mT)
     else:
-        q = q.view(b, e, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(b, hkv, g * e, d)
-        scores = torch.matmul(q, k.permute(0, 2, 3, 1))  # [B, Hkv, G*E, L]
+        scores = torch.matmul(_kv_head_rows(q, hkv), k.permute(0, 2, 3, 1))  # [B, Hkv, G*E, L]
     scores = scores.float().mul_(scale).view(b, hkv, g, e, -1)
     if mask is not None:
         scores.masked_fill_(~mask[:, None, None], float("-inf"))
@@ -162,7 +161,7 @@ def grouped_attention(
         probs = scores.sub_(top).exp_()
         total = probs.sum(dim=-1, keepdim=True)
         probs = probs.div_(total)
-        lse = (total.log_() + top).view(b, hkv, g, e).permute(0, 3, 1, 2).reshape(b, e, h)
+        lse = _per_token((total.log_() + top).view(b, hkv, g * e), e)
     else:
         probs = torch.softmax(scores, dim=-1)
     if e == 1:
@@ -170,7 +169,7 @@ def grouped_attention(
         out = torch.diagonal(out.view(b, hkv, g, hkv, d), dim1=1, dim2=3)  # [B, G, D, Hkv]
         return out.permute(0, 3, 1, 2).reshape(b, e, h, d), lse
     out = torch.matmul(probs.to(v.dtype).view(b, hkv, g * e, -1), v.transpose(1, 2))
-    return out.view(b, hkv, g, e, d).permute(0, 3, 1, 2, 4).reshape(b, e, h, d), lse
+    return _per_token(out, e), lse
 
 
 def flash_attention(
@@ -179,15 +178,27 @@ def flash_attention(
     """Unmasked attention through torch's CPU flash-attention kernel, with its log-sum-exp
     (shapes as :func:`grouped_attention`). Every query sees every key, so a KV head's query
     heads are its rows (``[B, Hkv, G * E, D]``): no KV repeat."""
-    b, e, h, d = q.shape
-    hkv = k.shape[2]
-    g = h // hkv
-    rows = q.view(b, e, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(b, hkv, g * e, d)
+    e = q.shape[1]
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        rows, k.transpose(1, 2), v.transpose(1, 2), scale=scale
+        _kv_head_rows(q, k.shape[2]), k.transpose(1, 2), v.transpose(1, 2), scale=scale
     )
-    out = out.view(b, hkv, g, e, d).permute(0, 3, 1, 2, 4).reshape(b, e, h, d)
-    return out, lse.view(b, hkv, g, e).permute(0, 3, 1, 2).reshape(b, e, h)
+    return _per_token(out, e), _per_token(lse, e)
+
+
+def _kv_head_rows(q: torch.Tensor, hkv: int) -> torch.Tensor:
+    """``[B, E, H, D]`` -> ``[B, Hkv, G * E, D]``: each KV head's query heads as its rows."""
+    b, e, h, d = q.shape
+    return q.view(b, e, hkv, h // hkv, d).permute(0, 2, 3, 1, 4).reshape(b, hkv, h // hkv * e, d)
+
+
+def _per_token(x: torch.Tensor, e: int) -> torch.Tensor:
+    """Inverse of :func:`_kv_head_rows` for outputs ``[B, Hkv, G * E, D]`` -> ``[B, E, H, D]``
+    and log-sum-exps ``[B, Hkv, G * E]`` -> ``[B, E, H]``."""
+    b, hkv, rows, *d = x.shape
+    g = rows // e
+    return x.view(b, hkv, g, e, *d).permute(0, 3, 1, 2, *range(4, 4 + len(d))).reshape(
+        b, e, hkv * g, *d
+    )
 
 
 def sdpa_attention(
