@@ -7,7 +7,8 @@ SmolLM2 (llama.cpp decodes the 32 sequences together in one context, as its serv
 parallel slots), and the busy-machine variant: single-stream again while another process keeps
 one core busy.
 llama.cpp and vLLM get as many threads as radixlm's scheduler (``--threads``, default radixlm's
-own); vLLM batches the prompts itself.
+own for small steps); since radixlm prefills on every core, vLLM's batch row runs again with
+every core (``vllm_cpu_all_cores``). vLLM batches the prompts itself.
 Run: ``.venv/bin/python benchmarks/bench_offline.py [--new-tokens 128] [--batch 32] [--skip-vllm]``
 """
 
@@ -157,17 +158,23 @@ def llamacpp_parallel(llm, prompts: list[str], new_tokens: int, threads: int) ->
     return made
 
 
-def vllm_runs(new_tokens: int, batch: int, threads: int) -> tuple[dict[str, float], dict] | None:
-    """vLLM's rows (tok/s) and its run's facts (version, startup, threads), or None when absent."""
+def vllm_runs(
+    new_tokens: int, batch: int, threads: int, batch_only: bool = False
+) -> tuple[dict[str, float], dict] | None:
+    """vLLM's rows (tok/s; with ``batch_only``, just the batch row) and its run's facts
+    (version, startup, threads), or None when absent."""
     import vllm_peer
 
     p = {"max_tokens": new_tokens, "ignore_eos": True}
     prompts = [f"{PROMPT} Variation {i}." for i in range(batch)]
     one, busy = {"prompts": [PROMPT], **p}, {"prompts": [PROMPT], **p, "busy": True}
-    out = vllm_peer.run([*[one] * RUNS, {"prompts": prompts, **p}, *[busy] * RUNS], threads)
+    many = {"prompts": prompts, **p}
+    out = vllm_peer.run([many] if batch_only else [*[one] * RUNS, many, *[busy] * RUNS], threads)
     if out is None:
         return None
     rates = [r["completion_tokens"] / r["seconds"] for r in out.pop("runs")]
+    if batch_only:
+        return {f"batch{batch}_tok_s": rates[0]}, out
     return {
         "single_tok_s": max(rates[:RUNS]), f"batch{batch}_tok_s": rates[RUNS],
         "busy_single_tok_s": max(rates[RUNS + 1 :]),
@@ -197,12 +204,20 @@ def main() -> None:
     llamacpp = llamacpp_runs(args.new_tokens, args.batch, args.threads)
     if llamacpp is not None:
         results["llama_cpp_q4_1"] = llamacpp
-    vllm = None
+    vllm = vllm_wide = None
     if not args.skip_vllm:
         log("vLLM (CPU)")
         vllm = vllm_runs(args.new_tokens, args.batch, args.threads)
+    # NOTE: radixlm's scheduler prefills on every core (big steps): vLLM's batch row again with
+    # every core for its whole run
+    wide = thread_policy.big_step_threads(None, 1)
+    if vllm is not None and wide > args.threads:
+        log(f"vLLM (CPU), batch-{args.batch} on {wide} threads")
+        vllm_wide = vllm_runs(args.new_tokens, args.batch, wide, batch_only=True)
     if vllm is not None:
         results["vllm_cpu"] = vllm[0]
+    if vllm_wide is not None:
+        results["vllm_cpu_all_cores"] = vllm_wide[0]
     hf = results["hf_float32"]["single_tok_s"]
     best = max(results[k]["single_tok_s"] for k in results if k.startswith("radixlm"))
     batch_key = f"batch{args.batch}_tok_s"
@@ -232,7 +247,12 @@ def main() -> None:
         ratios[f"batch{args.batch}_vs_vllm"] = best_batch / theirs[batch_key]
         ratios["busy_single_vs_vllm"] = bf16["busy_single_tok_s"] / theirs["busy_single_tok_s"]
         ratios["vllm_busy_vs_idle"] = theirs["busy_single_tok_s"] / theirs["single_tok_s"]
+    if vllm_wide is not None:
+        wide_rate = results["vllm_cpu_all_cores"][batch_key]
+        ratios[f"batch{args.batch}_vs_vllm_all_cores"] = best_batch / wide_rate
     extra = {"vllm": vllm[1]} if vllm is not None else {}
+    if vllm_wide is not None:
+        extra["vllm_all_cores"] = vllm_wide[1]
     save("bench_offline", {"args": vars(args), "results": results, "ratios": ratios, **extra})
     labels, values = [], []
     for k, r in results.items():

@@ -2,8 +2,10 @@
 
 radixlm with the radix cache, radixlm without it, Hugging Face ``generate()`` batched (fp32),
 llama.cpp (``llama-cpp-python``, same GGUF, reusing the common prefix's KV) when installed, and
-vLLM's CPU build (its prefix cache on, as many threads as radixlm's scheduler; see
-``vllm_peer.py``) when its venv is there; all greedy, 8 new tokens.
+vLLM's CPU build (its prefix cache on; see ``vllm_peer.py``) when its venv is there, twice when
+radixlm's scheduler widens its pool for big steps: with radixlm's threads for small steps
+(``vllm_cpu``; on 2 cores one, vLLM's own default) and with every core (``vllm_cpu_all_cores``),
+since radixlm runs its prefills on every core; all greedy, 8 new tokens.
 Run: ``.venv/bin/python benchmarks/bench_prefix.py [--sizes 32 128] [--skip-vllm]``
 """
 
@@ -91,15 +93,13 @@ def run_llamacpp(batch: list[str]) -> dict | None:
     return {"seconds": elapsed, "req_s": len(batch) / elapsed, "answers": texts[:3]}
 
 
-def run_vllm(batches: dict[int, list[str]]) -> tuple[dict[int, dict], dict] | None:
-    """vLLM's result for each batch (one vLLM start for all) and its run's facts (version,
-    startup, threads), or None when absent."""
+def run_vllm(batches: dict[int, list[str]], threads: int) -> tuple[dict[int, dict], dict] | None:
+    """vLLM's result for each batch (one vLLM start for all) with ``threads`` model threads, and
+    its run's facts (version, startup, threads), or None when absent."""
     import vllm_peer
 
-    from radixlm.runtime import threads
-
     runs = [{"prompts": b, "max_tokens": NEW_TOKENS, "ignore_eos": False} for b in batches.values()]
-    out = vllm_peer.run(runs, threads.compute_threads(None, 1))
+    out = vllm_peer.run(runs, threads)
     if out is None:
         return None
     results = {
@@ -112,6 +112,20 @@ def run_vllm(batches: dict[int, list[str]]) -> tuple[dict[int, dict], dict] | No
         for n, r in zip(batches, out.pop("runs"))
     }
     return results, out
+
+
+VLLM_ROWS = ("vllm_cpu", "vllm_cpu_all_cores")
+
+
+def vllm_thread_counts(skip: bool) -> dict[str, int]:
+    """vLLM's runs: with radixlm's threads for small steps (on 2 cores also vLLM's own default,
+    one model thread), and when radixlm's big steps take more, with that many as well."""
+    from radixlm.runtime import threads
+
+    if skip:
+        return {}
+    small, big = threads.compute_threads(None, 1), threads.big_step_threads(None, 1)
+    return dict(zip(VLLM_ROWS, [small] if big == small else [small, big]))
 
 
 def main() -> None:
@@ -138,21 +152,23 @@ def main() -> None:
             if result is not None:
                 results[f"{name}@{n}"] = result
                 log(f"  {result['req_s']:.2f} req/s")
-    vllm = None
-    if not args.skip_vllm:
-        log(f"vllm_cpu, {' and '.join(map(str, args.sizes))} questions")
-        vllm = run_vllm({n: prompts(n) for n in args.sizes})
-    if vllm is not None:
+    extra = {}
+    for name, count in vllm_thread_counts(args.skip_vllm).items():
+        log(f"{name} ({count} threads), {' and '.join(map(str, args.sizes))} questions")
+        vllm = run_vllm({n: prompts(n) for n in args.sizes}, count)
+        if vllm is None:
+            break
         for n, result in vllm[0].items():
-            results[f"vllm_cpu@{n}"] = result
+            results[f"{name}@{n}"] = result
             log(f"  {n} questions: {result['req_s']:.2f} req/s")
+        extra[name] = vllm[1]
     ratios = {}
     for n in args.sizes:
         ours = results[f"radixlm@{n}"]["req_s"]
-        for other in ("radixlm_no_radix", "hf_generate_fp32", "llama_cpp", "vllm_cpu"):
+        others = ("radixlm_no_radix", "hf_generate_fp32", "llama_cpp", *VLLM_ROWS)
+        for other in others:
             if f"{other}@{n}" in results:
                 ratios[f"vs_{other}@{n}"] = ours / results[f"{other}@{n}"]["req_s"]
-    extra = {"vllm": vllm[1]} if vllm is not None else {}
     save("bench_prefix", {"args": vars(args), "results": results, "ratios": ratios, **extra})
     bar_chart(
         "bench_prefix",

@@ -84,13 +84,15 @@ def launch(args: ServerArgs, gpu_offset: int = 0) -> Backend:
     check_tp_size(config, args.tp_size)
     check_gpu_count(args.device, args.tp_size)
     per_rank = threads.compute_threads(args.num_threads, args.tp_size)
+    big_steps = threads.big_step_threads(args.num_threads) if args.tp_size == 1 else per_rank
     ports = ipc.PortArgs.new()
     init = file_init_method(private_dir(ports))
     procs, pipes = {}, {}
     for name, role, rank in _processes(args, init, gpu_offset):
         n = 1 if role == "detokenizer" else per_rank
         payload = {"args": dataclasses.asdict(args), "ports": dataclasses.asdict(ports)}
-        procs[name], pipes[name] = _spawn(role, {**payload, "rank": rank.to_dict(), "threads": n})
+        config = {**payload, "rank": rank.to_dict(), "threads": n, "big_step_threads": big_steps}
+        procs[name], pipes[name] = _spawn(role, config)
     backend = Backend(args, ports, procs, {})
     try:
         backend.info.update(_wait_ready(pipes, procs))
@@ -147,7 +149,8 @@ def _spawn(role: str, config: dict) -> tuple[subprocess.Popen, int]:
 def _wait_ready(pipes: dict[str, int], procs: dict[str, subprocess.Popen]) -> dict:
     """Wait for every child's ready line; the first one that fails raises (the ranks of a
     tensor-parallel group would otherwise wait for each other forever). Each child's torch
-    thread count lands in ``info["threads"]``, by process name."""
+    thread count lands in ``info["threads"]``, by process name (and the scheduler's count for
+    big steps as ``scheduler_big_steps``)."""
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     data = {name: b"" for name in pipes}
     done: dict[str, dict] = {}
@@ -167,7 +170,10 @@ def _wait_ready(pipes: dict[str, int], procs: dict[str, subprocess.Popen]) -> di
             if finished:
                 done[name] = _parse_ready(name, data[name], procs[name])
     counts = {name: info.pop("threads", None) for name, info in done.items()}
-    return {**{k: v for info in done.values() for k, v in info.items()}, "threads": counts}
+    merged = {k: v for info in done.values() for k, v in info.items()}
+    if (big := merged.pop("big_step_threads", None)) is not None:
+        counts["scheduler_big_steps"] = big
+    return {**merged, "threads": counts}
 
 
 def _parse_ready(name: str, data: bytes, proc: subprocess.Popen) -> dict:

@@ -1,7 +1,8 @@
 """Entry point of the child processes: ``python -m radixlm.runtime.worker ROLE READY_FD``.
 
 Roles: ``scheduler`` (tensor-parallel rank 0), ``tp_worker`` (ranks > 0), ``detokenizer``.
-The configuration (server args, ports, the process's rank and torch thread count) arrives as
+The configuration (server args, ports, the process's rank, its torch thread count and the
+scheduler's count for big steps) arrives as
 JSON on stdin; readiness goes back as one JSON line on READY_FD, with the process's own count of
 torch threads (0 where it does not import torch: the detokenizer).
 Children are started with subprocess rather than multiprocessing's spawn, so that a user's
@@ -41,7 +42,10 @@ def main() -> None:
     if role == "scheduler":
         from radixlm.runtime.scheduler.process import run_scheduler_process
 
-        run_scheduler_process(args, ports, ReadyPipe(fd), rank)
+        step_threads = threads.StepThreads(
+            config.get("threads", 1), config.get("big_step_threads", config.get("threads", 1))
+        )
+        run_scheduler_process(args, ports, ReadyPipe(fd), rank, step_threads)
     elif role == "tp_worker":
         from radixlm.runtime.distributed.tp_worker import run_tp_worker_process
 

@@ -5,10 +5,13 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
 from radixlm import Engine
 from radixlm.runtime import threads
 from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.executor.forward_batch import ForwardBatch
+from radixlm.runtime.executor.model_runner import ModelRunner
 
 
 def test_explicit_count_beats_the_environment():
@@ -25,6 +28,51 @@ def test_default_leaves_a_core_and_shares_the_rest_up_to_eight():
     assert threads.compute_threads(None, environ={"RADIXLM_NUM_THREADS": ""}) == default
     assert threads.compute_threads(None, processes=spare + 1, environ={}) == 1
     assert threads.compute_threads(None, environ={"OMP_NUM_THREADS": "3,2"}) == 3
+
+
+def test_big_steps_take_every_core_unless_the_user_chose():
+    cores = min(threads.available_cores(), threads.MAX_DEFAULT_THREADS)
+    assert threads.big_step_threads(None, environ={}) == cores
+    assert threads.big_step_threads(None, processes=cores + 1, environ={}) == 1
+    assert threads.big_step_threads(3, environ={}) == 3
+    assert threads.big_step_threads(None, environ={"RADIXLM_NUM_THREADS": "5"}) == 5
+    assert threads.big_step_threads(None, environ={"OMP_NUM_THREADS": "2"}) == 2
+    with pytest.raises(ValueError, match="OMP_NUM_THREADS must be an integer >= 1"):
+        threads.big_step_threads(None, environ={"OMP_NUM_THREADS": "0"})
+
+
+def test_model_runner_sizes_the_pool_per_step(tiny_llama):
+    """A step of BIG_STEP_TOKENS tokens runs on the big count, a decode step on the small one,
+    and the outputs do not depend on it."""
+    before = torch.get_num_threads()
+    runner = ModelRunner(
+        ServerArgs(model_path=tiny_llama, dtype="float32", max_total_tokens=1024),
+        step_threads=threads.StepThreads(1, 2),
+    )
+    n = threads.BIG_STEP_TOKENS
+    ids = [(7 * i) % 200 + 1 for i in range(n + 1)]
+    table = runner.req_pool.table
+    table[0, : n + 1] = torch.arange(1, n + 2)
+
+    def step(lo: int, hi: int) -> torch.Tensor:
+        batch = ForwardBatch.build(
+            input_ids=ids[lo:hi], prefix_lens=[lo], extend_lens=[hi - lo], req_slots=[0],
+            out_cache_loc=table[0, lo:hi].clone(), logits_indices=[hi - lo - 1],
+            req_to_token=table,
+        )  # fmt: skip
+        return runner.forward(batch)
+
+    try:
+        torch.set_num_threads(1)
+        step(0, n)
+        assert torch.get_num_threads() == 2
+        last = step(n, n + 1)
+        assert torch.get_num_threads() == 1
+        runner.step_threads = None  # NOTE: the same prompt again, all on one thread
+        step(0, n)
+        torch.testing.assert_close(step(n, n + 1), last, rtol=1e-5, atol=1e-5)
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("value", ["0", "-2", "two", "1.5"])
@@ -52,6 +100,7 @@ def test_engine_with_one_thread_reports_it(tiny_llama):
     try:
         counts = engine.get_server_info()["threads"]
         assert (counts["scheduler"], counts["detokenizer"]) == (1, 0)  # NOTE: 0: no torch
+        assert counts["scheduler_big_steps"] == 1  # NOTE: the user's count holds for every step
         assert engine.generate("Hello", {"max_new_tokens": 2})["meta_info"]["completion_tokens"]
     finally:
         engine.shutdown()
@@ -60,6 +109,7 @@ def test_engine_with_one_thread_reports_it(tiny_llama):
 def test_default_engine_gives_only_the_scheduler_a_pool(tiny_engine):
     counts = tiny_engine.get_server_info()["threads"]
     assert counts["scheduler"] == threads.compute_threads(None)
+    assert counts["scheduler_big_steps"] == threads.big_step_threads(None)
     assert counts["detokenizer"] == 0 and counts["server"] >= 1
     scheduler = tiny_engine.runtime.backend.procs["scheduler"]
     if os.path.exists(f"/proc/{scheduler.pid}/environ"):

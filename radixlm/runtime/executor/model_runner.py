@@ -7,6 +7,7 @@ import time
 
 import torch
 
+from radixlm.runtime import threads
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.distributed.batch_sync import broadcast_batch, broadcast_stop
 from radixlm.runtime.distributed.parallel import init_tp_group, resolve_device
@@ -36,9 +37,15 @@ class ModelRunner:
     """Owns one rank's model, KV pool and attention backend.
 
     ``rank`` places a tensor-parallel rank: its model is sharded and its KV pool holds only
-    its KV heads; rank 0's ``forward`` first hands the batch to the other ranks."""
+    its KV heads; rank 0's ``forward`` first hands the batch to the other ranks. ``step_threads``
+    (CPU, one rank) widens torch's thread pool for big steps."""
 
-    def __init__(self, args: ServerArgs, rank: RankInfo | None = None) -> None:
+    def __init__(
+        self,
+        args: ServerArgs,
+        rank: RankInfo | None = None,
+        step_threads: threads.StepThreads | None = None,
+    ) -> None:
         rank = rank or RankInfo()
         self.startup_s: dict[str, float] = {}  # seconds per start-up phase
         self._phase_start = time.perf_counter()
@@ -47,6 +54,8 @@ class ModelRunner:
             torch.cuda.set_device(self.device)  # NOTE: Triton and new streams use the current one
         self.dtype = resolve_dtype(args.dtype, self.device)
         self.tp = init_tp_group(rank, self.device) if rank.tp_size > 1 else None
+        cpu_alone = self.device.type == "cpu" and self.tp is None
+        self.step_threads = step_threads if cpu_alone else None
         self._load(args)
         c = self.config
         num_heads, num_kv_heads = local_heads(c, rank.tp_size)
@@ -137,6 +146,8 @@ class ModelRunner:
         """Logits ``[len(batch.logits_indices), vocab]`` in float32."""
         if self.tp is not None and self.tp.is_driver:
             broadcast_batch(self.tp, batch)
+        if self.step_threads is not None:
+            self.step_threads.for_step(len(batch.input_ids))
         if self.graph_runner is not None and self.graph_runner.can_run(batch):
             return self.graph_runner.forward(batch)
         if self.cpu_graphs is not None and self.cpu_graphs.can_run(batch):

@@ -23,18 +23,22 @@ logger = logging.getLogger(__name__)
 
 
 def run_scheduler_process(
-    args: ServerArgs, ports: ipc.PortArgs, ready_pipe, rank: RankInfo | None = None
+    args: ServerArgs,
+    ports: ipc.PortArgs,
+    ready_pipe,
+    rank: RankInfo | None = None,
+    step_threads: threads.StepThreads | None = None,
 ) -> None:
     """Entry point of the scheduler process (tensor-parallel rank 0). Reports
-    ``{"ok", ...info}`` on ``ready_pipe``."""
+    ``{"ok", ...info}`` on ``ready_pipe``; ``step_threads`` sizes torch's pool per step."""
     logging.basicConfig(
         level=args.log_level.upper(), format="[scheduler] %(levelname)s %(message)s"
     )
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logger.info(threads.describe())
+    logger.info(threads.describe(step_threads))
     parent = os.getppid()
     try:
-        scheduler = Scheduler(args, ModelRunner(args, rank))
+        scheduler = Scheduler(args, ModelRunner(args, rank, step_threads))
         release_gguf()
         ctx = zmq.Context()
         inbox = ipc.pull(ctx, ports.scheduler)
@@ -72,6 +76,7 @@ def model_info(scheduler: Scheduler) -> dict:
         "architecture": r.config.architecture,
         "startup_s": r.startup_s,
         "memory_bytes": r.memory_bytes(),
+        "big_step_threads": r.step_threads.big if r.step_threads else None,
     }
 
 

@@ -46,6 +46,7 @@ def test_ranks_share_the_cores(tiny_tp2):
     counts = tiny_tp2.get_server_info()["threads"]
     assert counts["scheduler"] == counts["tp rank 1"] == compute_threads(None, processes=2)
     assert counts["detokenizer"] == 0  # NOTE: it imports no torch
+    assert "scheduler_big_steps" not in counts  # NOTE: ranks keep one count for every step
 
 
 def test_tp3_smollm_matches_tp1(smol_engine):
