@@ -35,10 +35,11 @@ def run_scheduler_process(
         level=args.log_level.upper(), format="[scheduler] %(levelname)s %(message)s"
     )
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logger.info(threads.describe(step_threads))
     parent = os.getppid()
     try:
-        scheduler = Scheduler(args, ModelRunner(args, rank, step_threads))
+        runner = ModelRunner(args, rank, step_threads)
+        logger.info(threads.describe(runner.step_threads))  # NOTE: None on GPUs and TP ranks
+        scheduler = Scheduler(args, runner)
         release_gguf()
         ctx = zmq.Context()
         inbox = ipc.pull(ctx, ports.scheduler)
