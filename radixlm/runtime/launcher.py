@@ -84,7 +84,7 @@ def launch(args: ServerArgs, gpu_offset: int = 0) -> Backend:
     check_tp_size(config, args.tp_size)
     check_gpu_count(args.device, args.tp_size)
     per_rank = threads.compute_threads(args.num_threads, args.tp_size)
-    big_steps = threads.big_step_threads(args.num_threads) if args.tp_size == 1 else per_rank
+    big_steps = threads.big_step_threads(args.num_threads)  # NOTE: the runner decides if it applies
     ports = ipc.PortArgs.new()
     init = file_init_method(private_dir(ports))
     procs, pipes = {}, {}

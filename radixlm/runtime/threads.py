@@ -36,29 +36,30 @@ PASSIVE_WAIT = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
 def compute_threads(
-    num_threads: int | None, processes: int = 1, environ: Mapping[str, str] = os.environ
+    num_threads: int | None,
+    processes: int = 1,
+    environ: Mapping[str, str] = os.environ,
+    reserved_cores: int = 1,
 ) -> int:
     """Threads for each computing process: ``num_threads`` when given, else the
-    ``RADIXLM_NUM_THREADS`` variable, else ``OMP_NUM_THREADS``, else the physical cores but one,
-    shared among ``processes`` (at most ``MAX_DEFAULT_THREADS``, at least 1)."""
+    ``RADIXLM_NUM_THREADS`` variable, else ``OMP_NUM_THREADS``, else the physical cores but
+    ``reserved_cores`` (by default one, for the server and the detokenizer), shared among
+    ``processes`` (at most ``MAX_DEFAULT_THREADS``, at least 1)."""
     if num_threads is not None:
         return _positive("num_threads", num_threads)
     for name in USER_VARS:
         if environ.get(name, "").strip():  # NOTE: OpenMP also takes a list, one per nesting level
             return _positive(name, environ[name].split(",")[0])
-    spare = max(1, available_cores() - 1)  # NOTE: one core for the server and the detokenizer
+    spare = max(1, available_cores() - reserved_cores)
     return max(1, min(spare // processes, MAX_DEFAULT_THREADS))
 
 
 def big_step_threads(
     num_threads: int | None, processes: int = 1, environ: Mapping[str, str] = os.environ
 ) -> int:
-    """Threads for a computing process's big steps: the user's count (as ``compute_threads``)
-    when given, else the physical cores shared among ``processes`` (at most
-    ``MAX_DEFAULT_THREADS``)."""
-    if num_threads is not None or any(environ.get(n, "").strip() for n in USER_VARS):
-        return compute_threads(num_threads, processes, environ)
-    return max(1, min(available_cores() // processes, MAX_DEFAULT_THREADS))
+    """Threads for a computing process's big steps: as ``compute_threads``, with no core kept
+    for the server and the detokenizer."""
+    return compute_threads(num_threads, processes, environ, reserved_cores=0)
 
 
 class StepThreads:

@@ -42,9 +42,7 @@ def main() -> None:
     if role == "scheduler":
         from radixlm.runtime.scheduler.process import run_scheduler_process
 
-        step_threads = threads.StepThreads(
-            config.get("threads", 1), config.get("big_step_threads", config.get("threads", 1))
-        )
+        step_threads = threads.StepThreads(config["threads"], config["big_step_threads"])
         run_scheduler_process(args, ports, ReadyPipe(fd), rank, step_threads)
     elif role == "tp_worker":
         from radixlm.runtime.distributed.tp_worker import run_tp_worker_process
