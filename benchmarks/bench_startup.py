@@ -1,9 +1,11 @@
 """Time to ready and memory of ``radixlm serve`` vs llama.cpp's server on the same GGUF.
 
 For each server: the seconds from launch until ``/v1/models`` answers, the RSS of its whole
-process tree (server plus children) at idle after start-up, and the peak RSS while it serves a
-short load (``--requests`` completions of ``--max-tokens`` tokens, ``--concurrency`` at a time),
-sampled every 0.1 s. Writes ``results/bench_startup.json`` and a plot; prints one summary line.
+process tree (server plus children) at idle after start-up, and the peak RSS from launch to the
+end of a short load (``--requests`` completions of ``--max-tokens`` tokens, ``--concurrency`` at
+a time), sampled every 0.1 s, with the load's seconds (the speed that memory buys). radixlm runs
+twice: by default and with ``--low-memory`` (each weight held once, as int4/int8; no compiled
+steps). Writes ``results/bench_startup.json`` and a plot; prints one summary line.
 
     python benchmarks/bench_startup.py                 # needs llama-cpp-python[server]
     python benchmarks/bench_startup.py --only radixlm
@@ -65,10 +67,14 @@ class PeakSampler:
         return self.peak
 
 
+KINDS = ("radixlm", "radixlm_low_memory", "llamacpp")
+
+
 def command(kind: str, model: str, port: int, threads: int) -> list[str]:
-    if kind == "radixlm":
+    if kind.startswith("radixlm"):
+        low = ["--low-memory"] if kind == "radixlm_low_memory" else []
         return [sys.executable, "-m", "radixlm.server", "--model-path", model,
-                "--port", str(port)]  # fmt: skip
+                "--port", str(port), *low]  # fmt: skip
     return [sys.executable, "-m", "llama_cpp.server", "--model", model, "--port", str(port),
             "--host", "127.0.0.1", "--n_ctx", "4096", "--n_threads", str(threads),
             "--interrupt_requests", "False"]  # fmt: skip
@@ -97,18 +103,20 @@ def measure(kind: str, model: str, threads: int, args: argparse.Namespace) -> di
         idle = tree_rss(proc.pid)
         log(f"{kind}: ready in {ready_s:.1f} s, idle RSS {idle / 2**20:.0f} MiB; serving...")
         parts = {}
-        if kind == "radixlm":  # NOTE: each process's share, as /get_server_info reports it
+        if kind.startswith("radixlm"):  # NOTE: each process's share, as /get_server_info says
             info = httpx.get(f"{url}/get_server_info", timeout=10).json()
             parts = {k: round(v / 2**20) for k, v in info["rss_bytes"].items() if v}
             log(f"  per process (MiB): {parts}")
         name = models.json()["data"][0]["id"]
         body = {"model": name, "prompt": PROMPT, "max_tokens": args.max_tokens, "temperature": 0}
+        load_start = time.perf_counter()
         with httpx.Client(base_url=url, timeout=600) as client, ThreadPoolExecutor(
             args.concurrency
         ) as pool:
             done = list(pool.map(lambda _: client.post("/v1/completions", json=body),
                                  range(args.requests)))  # fmt: skip
         assert all(r.status_code == 200 for r in done), [r.text for r in done][:1]
+        load_s = time.perf_counter() - load_start
         peak = sampler.stop()
     finally:
         sampler.stop()
@@ -117,8 +125,9 @@ def measure(kind: str, model: str, threads: int, args: argparse.Namespace) -> di
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
-    log(f"{kind}: peak RSS under load {peak / 2**20:.0f} MiB")
-    out = {"ready_s": ready_s, "idle_rss_mib": idle / 2**20, "peak_rss_mib": peak / 2**20}
+    log(f"{kind}: peak RSS {peak / 2**20:.0f} MiB; the load took {load_s:.1f} s")
+    out = {"ready_s": ready_s, "idle_rss_mib": idle / 2**20, "peak_rss_mib": peak / 2**20,
+           "load_s": load_s}  # fmt: skip
     return {**out, "idle_rss_by_process_mib": parts} if parts else out
 
 
@@ -127,14 +136,14 @@ def main() -> None:
     from radixlm.runtime.loader.model_files import default_model_path
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=["radixlm", "llamacpp"])
+    parser.add_argument("--only", choices=KINDS)
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=64)
     args = parser.parse_args()
     model = default_model_path()
     threads = thread_policy.compute_threads(None, 1)  # NOTE: llama.cpp gets radixlm's count
-    kinds = [args.only] if args.only else ["radixlm", "llamacpp"]
+    kinds = [args.only] if args.only else list(KINDS)
     if "llamacpp" in kinds and importlib.util.find_spec("llama_cpp") is None:
         log("llama.cpp is missing (pip install 'llama-cpp-python[server]'): radixlm only")
         kinds.remove("llamacpp")
@@ -143,13 +152,17 @@ def main() -> None:
         log(f"starting {kind} on {os.path.basename(model)} ({threads} compute threads)")
         results[kind] = measure(kind, model, threads, args)
     ratios = {}
-    if len(results) == 2:
-        r, c = results["radixlm"], results["llamacpp"]
-        ratios = {
-            "ready_time_vs_llama_cpp": r["ready_s"] / c["ready_s"],
-            "idle_rss_vs_llama_cpp": r["idle_rss_mib"] / c["idle_rss_mib"],
-            "peak_rss_vs_llama_cpp": r["peak_rss_mib"] / c["peak_rss_mib"],
-        }
+    c = results.get("llamacpp")
+    for kind, r in results.items():
+        if c is None or kind == "llamacpp":
+            continue
+        prefix = "" if kind == "radixlm" else "low_memory_"
+        ratios.update({
+            f"{prefix}ready_time_vs_llama_cpp": r["ready_s"] / c["ready_s"],
+            f"{prefix}idle_rss_vs_llama_cpp": r["idle_rss_mib"] / c["idle_rss_mib"],
+            f"{prefix}peak_rss_vs_llama_cpp": r["peak_rss_mib"] / c["peak_rss_mib"],
+            f"{prefix}load_time_vs_llama_cpp": r["load_s"] / c["load_s"],
+        })  # fmt: skip
     path = save("bench_startup", {"config": vars(args), "threads": threads, "results": results,
                                   "ratios": ratios})  # fmt: skip
     labels = [f"{k} {m}" for k in results for m in ("idle", "peak")]
@@ -157,7 +170,7 @@ def main() -> None:
     bar_chart("bench_startup", labels, values, "RSS (MiB)", "Serving memory, whole process tree")
     summary = ", ".join(
         f"{k}: ready {v['ready_s']:.1f} s, idle {v['idle_rss_mib']:.0f} MiB, "
-        f"peak {v['peak_rss_mib']:.0f} MiB"
+        f"peak {v['peak_rss_mib']:.0f} MiB, load {v['load_s']:.1f} s"
         for k, v in results.items()
     )
     extra = "".join(f", {k} {v:.2f}x" for k, v in ratios.items())

@@ -105,6 +105,10 @@ class ServerArgs:
     # rest) and an int8 copy of the LM head for steps of <= 8 logit rows (models/quant_head.py);
     # auto = int4 when a GGUF checkpoint is itself Q4_0/Q4_1 and the engine runs bf16 on CPU.
     quantization: str = "auto"
+    # NOTE: CPU, bf16: each weight held once, as the int4 copy of the layers and the int8 copy
+    # of the head and tied embedding, used for every step (prefill included, ~2.5x slower
+    # matmuls than bf16); no compiled steps (torch's compiler is never imported).
+    low_memory: bool = False
     dtype: str = "auto"
     device: str = "auto"
     context_length: int | None = None
@@ -172,6 +176,9 @@ class ServerArgs:
         _check_choice("dtype", self.dtype, DTYPES)
         _check_choice("load_format", self.load_format, LOAD_FORMATS)
         _check_choice("quantization", self.quantization, QUANTIZATIONS)
+        if self.low_memory and self.quantization == "none":
+            raise ValueError("low_memory=True holds the weights as int4/int8 copies; it cannot "
+                             "run with quantization='none'")  # fmt: skip
         _check_choice("schedule_policy", self.schedule_policy, SCHEDULE_POLICIES)
         _check_choice("load_balance_method", self.load_balance_method, LOAD_BALANCE_METHODS)
         _check_choice("grammar_backend", self.grammar_backend, GRAMMAR_BACKENDS)

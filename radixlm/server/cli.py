@@ -51,6 +51,9 @@ HELP = {
     "kv_events_endpoint": "publish KV-cache events (vLLM's format) on this ZMQ endpoint, e.g. "
     "tcp://127.0.0.1:5557 (see docs/architecture.md)",
     "kv_events_block_size": "tokens per block in KV-cache events",
+    "low_memory": "CPU: hold each weight once, as int4 layers and an int8 head/embedding, for "
+    "every step (prefill matmuls ~2.5x slower), and no compiled steps: a fraction of the "
+    "memory, eager decode speed",
     "disable_cpu_compile": "run CPU decode steps eagerly (default: steps of <= 8 requests are "
     "compiled with torch.compile in the background; RADIXLM_DISABLE_CPU_COMPILE=1)",
     "kv_disk_cache": "directory of a disk tier under the radix cache: prefixes outlive eviction "

@@ -95,6 +95,11 @@ def test_child_environment_waits_passively_unless_the_user_chose():
     assert active["OMP_WAIT_POLICY"] == "ACTIVE"
 
 
+def test_child_environment_caps_glibc_heaps_unless_the_user_chose():
+    assert threads.child_env(1, environ={})["MALLOC_ARENA_MAX"] == "2"
+    assert threads.child_env(1, environ={"MALLOC_ARENA_MAX": "8"})["MALLOC_ARENA_MAX"] == "8"
+
+
 def test_engine_with_one_thread_reports_it(tiny_llama):
     engine = Engine(tiny_llama, dtype="float32", max_total_tokens=1024, num_threads=1)
     try:

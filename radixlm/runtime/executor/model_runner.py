@@ -23,9 +23,10 @@ from radixlm.runtime.models.quant import (
     MAX_INT4_ROWS,
     Int4DecodeLinear,
     apply_int4_decode,
+    int4_as_loaded,
     int4_available,
 )
-from radixlm.runtime.models.quant_head import Int8DecodeHead
+from radixlm.runtime.models.quant_head import Int8DecodeHead, Int8Embedding
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +103,7 @@ class ModelRunner:
                     total += t.untyped_storage().nbytes()
             return total
 
-        copies = (Int4DecodeLinear, Int8DecodeHead)
+        copies = (Int4DecodeLinear, Int8DecodeHead, Int8Embedding)
         quant = [b for m in self.model.modules() if isinstance(m, copies)
                  for b in m.buffers(recurse=False)]  # fmt: skip
         # NOTE: the projections' bf16 weights in oneDNN's layout are not parameters
@@ -116,30 +117,37 @@ class ModelRunner:
         }
 
     def _load(self, args: ServerArgs) -> None:
-        loaded = load_model(args, torch.device("cpu") if self.tp else self.device, self.dtype)
+        fits = (self.device.type == "cpu" and self.dtype == torch.bfloat16 and self.tp is None
+                and int4_available())  # fmt: skip
+        for asked, name in ((args.quantization == "int4", "quantization='int4'"),
+                            (args.low_memory, "low_memory=True")):  # fmt: skip
+            if asked and not fits:
+                raise ValueError(
+                    f"{name} runs on CPU in bfloat16 without tensor parallelism "
+                    f"(device {self.device.type}, dtype {self.dtype}, tp_size {args.tp_size})"
+                )
+        # NOTE: weights held once become int4 as each one loads (see int4_as_loaded)
+        loaded = load_model(
+            args, torch.device("cpu") if self.tp else self.device, self.dtype,
+            on_loaded=int4_as_loaded if args.low_memory else None,
+        )  # fmt: skip
         self.model, self.config, self.tokenizer = loaded.model, loaded.config, loaded.tokenizer
         self.model_path = loaded.model_path
         if self.tp is not None:
             self.model = shard_model(self.model, self.tp).to(self.device)
         self._phase("load")
-        self.int4_decode = self._wants_int4(args, loaded.four_bit_checkpoint)
+        self.int4_decode = fits and args.quantization != "none" and (
+            args.quantization == "int4" or args.low_memory or loaded.four_bit_checkpoint
+        )
         if self.int4_decode:
-            count = apply_int4_decode(self.model)
-            logger.info("int4 weight copies for decode steps of <= %d tokens: %d layers",
-                        MAX_INT4_ROWS, count)  # fmt: skip
+            count = apply_int4_decode(self.model, weights_once=args.low_memory)
+            if args.low_memory:
+                logger.info("low_memory: weights held once, int4 in %d layers, int8 head and "
+                            "embedding; steps run eagerly", count)  # fmt: skip
+            else:
+                logger.info("int4 weight copies for decode steps of <= %d tokens: %d layers",
+                            MAX_INT4_ROWS, count)  # fmt: skip
             self._phase("quantize")
-
-    def _wants_int4(self, args: ServerArgs, four_bit_checkpoint: bool) -> bool:
-        if args.quantization == "none":
-            return False
-        fits = (self.device.type == "cpu" and self.dtype == torch.bfloat16 and self.tp is None
-                and int4_available())  # fmt: skip
-        if args.quantization == "int4" and not fits:
-            raise ValueError(
-                "quantization='int4' runs on CPU in bfloat16 without tensor parallelism "
-                f"(device {self.device.type}, dtype {self.dtype}, tp_size {args.tp_size})"
-            )
-        return fits and (args.quantization == "int4" or four_bit_checkpoint)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
@@ -181,6 +189,8 @@ class ModelRunner:
     def _compile_cpu_decode(self, args: ServerArgs) -> CpuGraphRunner | None:
         """Compiled decode steps on CPU (started in the background; see cpu_graph_runner)."""
         if args.disable_cpu_compile or self.device.type != "cpu" or self.tp is not None:
+            return None
+        if args.low_memory:  # NOTE: torch's compiler alone is ~170 MB resident, its graphs more
             return None
         if self.attention_backend_name != "torch":
             return None

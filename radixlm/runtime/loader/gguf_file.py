@@ -9,6 +9,7 @@ decoded only when asked for, and tensors are numpy views of a memory map, shaped
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import struct
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ class Tensor:
     shape: np.ndarray  # GGUF's order (innermost first)
     n_elements: int
     data: np.ndarray
+    offset: int = 0  # of ``data`` in the file
 
 
 class GGUFFile:
@@ -84,8 +86,15 @@ class GGUFFile:
         alignment = self.fields["general.alignment"].contents() if (
             "general.alignment" in self.fields) else 32  # fmt: skip
         start = pos + (-pos) % alignment
-        data = np.memmap(path, mode="r")
+        data = np.frombuffer(self._buf, dtype=np.uint8)
         self.tensors = [self._tensor(data, start, *info) for info in infos]
+
+    def release(self, tensor: Tensor) -> None:
+        """Drop ``tensor``'s pages of the file from this process's resident memory (a loader
+        reads each tensor once; the OS page cache still holds them)."""
+        begin = tensor.offset - tensor.offset % mmap.PAGESIZE
+        with contextlib.suppress(AttributeError, OSError):  # NOTE: no madvise here
+            self._buf.madvise(mmap.MADV_DONTNEED, begin, tensor.offset + tensor.data.nbytes - begin)
 
     @staticmethod
     def _tensor(data, start: int, name: str, dims, kind, offset: int) -> Tensor:
@@ -99,7 +108,7 @@ class GGUFFile:
             count = n
         begin = start + offset
         view = data[begin : begin + count * np.dtype(item).itemsize].view(item).reshape(shape)
-        return Tensor(name, kind, np.array(dims, dtype=np.uint64), n, view)
+        return Tensor(name, kind, np.array(dims, dtype=np.uint64), n, view, begin)
 
     def _string(self, pos: int) -> tuple[str, int]:
         (n,) = struct.unpack_from("<Q", self._buf, pos)

@@ -44,6 +44,8 @@ _NAMES = {
 _FOUR_BIT = {"Q4_0", "Q4_1"}
 # bytes per block of 32 weights: an f16 scale (Q4_1: and an f16 minimum), then the codes
 _BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+CHUNK_BLOCKS = 1 << 16  # 2M weights: 8 MB in float32
+TRIM_BYTES = 8 << 20  # of the file read between two trims of glibc's heaps
 
 
 def is_four_bit(reader) -> bool:
@@ -66,6 +68,11 @@ def release_gguf() -> None:
     memory freed while loading back to the OS (glibc keeps it otherwise)."""
     open_gguf.cache_clear()
     gc.collect()
+    trim_heap()
+
+
+def trim_heap() -> None:
+    """Hand the memory freed on glibc's heaps back to the OS (glibc keeps most of it)."""
     with contextlib.suppress(OSError, AttributeError):  # NOTE: glibc only
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
@@ -106,11 +113,20 @@ def gguf_config(reader) -> ModelConfig:
     )
 
 
-def gguf_weights(reader, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (Hugging Face name, float32 tensor), undoing llama.cpp's Q/K row permutation."""
+def gguf_weights(reader, config: ModelConfig, dtype=None) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (Hugging Face name, tensor in ``dtype``, default float32), undoing llama.cpp's Q/K
+    row permutation. Each tensor's pages of the file leave this process once it is read."""
     permute = config.architecture == "LlamaForCausalLM"
+    read = 0
     for t in reader.tensors:
-        tensor = _dequantize(t).reshape([int(d) for d in reversed(t.shape)])
+        tensor = _dequantize(t, dtype).reshape([int(d) for d in reversed(t.shape)])
+        reader.release(t)
+        read += t.data.nbytes
+        if read >= TRIM_BYTES:
+            # NOTE: the temporaries so far (and bf16 weights a loader's hook replaced) go back
+            # to the OS as the load goes (each call walks the heaps: ~15 ms here)
+            trim_heap()
+            read = 0
         name = _hf_name(t.name)
         if permute and name.endswith("q_proj.weight"):
             tensor = _unpermute(tensor, config.num_heads)
@@ -119,10 +135,13 @@ def gguf_weights(reader, config: ModelConfig) -> Iterator[tuple[str, torch.Tenso
         yield name, tensor
 
 
-def _dequantize(t) -> torch.Tensor:
-    """One tensor in float32, to be reshaped by the caller: the 32-weight block formats in
-    torch (SmolLM2: 0.74 s against 1.77 s for ``gguf.quants``' numpy, with the same float32
-    arithmetic, so the same values), the others with ``gguf.quants``."""
+def _dequantize(t, dtype=None) -> torch.Tensor:
+    """One tensor in ``dtype`` (default float32), to be reshaped by the caller: the 32-weight
+    block formats in torch (SmolLM2: 0.74 s against 1.77 s for ``gguf.quants``' numpy, with the
+    same float32 arithmetic, so the same values), the others with ``gguf.quants``. Block
+    formats go ``CHUNK_BLOCKS`` at a time, each chunk rounded to ``dtype`` as it is written:
+    the same bits as rounding the whole float32 tensor, without its float32 temporaries
+    (SmolLM2's Q8_0 embedding: ~350 MB of them at once)."""
     import torch  # NOTE: here, not above: the config and tokenizer are read without torch
 
     kind = t.tensor_type.name
@@ -130,9 +149,20 @@ def _dequantize(t) -> torch.Tensor:
         from gguf.quants import dequantize
 
         array = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
-        return torch.from_numpy(np.array(array, copy=True))
-    # NOTE: a copy: the file's memory map is read-only, which torch tensors cannot express
-    blocks = torch.from_numpy(np.array(t.data)).reshape(-1, _BLOCK_BYTES[kind])
+        return torch.from_numpy(np.array(array, copy=True)).to(dtype or torch.float32)
+    raw = t.data.reshape(-1, _BLOCK_BYTES[kind])
+    out = torch.empty(raw.shape[0], 32, dtype=dtype or torch.float32)
+    for start in range(0, raw.shape[0], CHUNK_BLOCKS):
+        # NOTE: a copy: the file's memory map is read-only, which torch tensors cannot express
+        blocks = torch.from_numpy(np.array(raw[start : start + CHUNK_BLOCKS]))
+        out[start : start + CHUNK_BLOCKS] = _dequantize_blocks(blocks, kind)
+    return out.view(-1)
+
+
+def _dequantize_blocks(blocks: torch.Tensor, kind: str) -> torch.Tensor:
+    """``[n, block bytes]`` of a 32-weight block format -> ``[n, 32]`` float32."""
+    import torch
+
     d = blocks[:, :2].contiguous().view(torch.float16).float()
     if kind == "Q8_0":
         return d * blocks[:, 2:].contiguous().view(torch.int8).float()

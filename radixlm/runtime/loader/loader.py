@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -46,8 +47,14 @@ def cpu_has_fast_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def load_model(args: ServerArgs, device: torch.device, dtype: torch.dtype) -> LoadedModel:
-    """Build the model for ``args`` on ``device`` and fill its weights, showing progress."""
+def load_model(
+    args: ServerArgs,
+    device: torch.device,
+    dtype: torch.dtype,
+    on_loaded: Callable[[torch.nn.Module, str], None] | None = None,
+) -> LoadedModel:
+    """Build the model for ``args`` on ``device`` and fill its weights, showing progress;
+    ``on_loaded(model, name)`` runs as each parameter is filled (see ``load_weights``)."""
     config, path, fmt = load_config(args)
     model_cls = get_model_class(config.architecture)
     # NOTE: importing transformers and loading the tokenizer take seconds of Python; on a
@@ -57,13 +64,18 @@ def load_model(args: ServerArgs, device: torch.device, dtype: torch.dtype) -> Lo
         pending = pool.submit(load_tokenizer, args, path, fmt)
         torch.manual_seed(args.random_seed)
         # NOTE: built where it will run, in its dtype: an 8B model never exists in float32 on
-        # the host, and checkpoint tensors are cast and moved as they are copied in.
-        with torch.device(device), _default_dtype(dtype):
+        # the host, and checkpoint tensors are cast and moved as they are copied in. Weights
+        # converted as they load are built on "meta" and given storage untouched until its
+        # tensor is copied in, so the model's full weights never exist at once. (Not for all:
+        # loaded into untouched storage, SmolLM2's scheduler kept 34 MB more, cause unknown.)
+        with torch.device("meta" if on_loaded else device), _default_dtype(dtype):
             model = model_cls(config)
+        if on_loaded:
+            model.to_empty(device=device).tie_weights()
         if args.load_format == "dummy":
             _init_dummy(model)
         else:
-            model.load_weights(_progress(_weights(path, fmt, config), path, fmt))
+            model.load_weights(_progress(_weights(path, fmt, config, dtype), path, fmt), on_loaded)
         tokenizer = pending.result()
     eos = set(config.eos_token_ids) | ({getattr(tokenizer, "eos_token_id", None)} - {None})
     config = config.with_overrides(eos_token_ids=tuple(sorted(eos)))
@@ -82,9 +94,9 @@ def _default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(previous)
 
 
-def _weights(path: str, fmt: str, config: ModelConfig):
+def _weights(path: str, fmt: str, config: ModelConfig, dtype: torch.dtype):
     if fmt == "gguf":
-        return gguf_loader.gguf_weights(gguf_loader.open_gguf(path), config)
+        return gguf_loader.gguf_weights(gguf_loader.open_gguf(path), config, dtype)
     return safetensors_loader.safetensors_weights(safetensors_loader.safetensors_files(path))
 
 

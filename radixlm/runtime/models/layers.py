@@ -26,7 +26,9 @@ class RMSNorm(nn.Module):
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
     """Inverse frequencies, with Llama 3 frequency scaling when the config asks for it."""
     dim = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    # NOTE: on the host whatever device the model is built on (models are built on "meta")
+    steps = torch.arange(0, dim, 2, dtype=torch.float64, device="cpu")
+    inv_freq = 1.0 / (config.rope_theta ** (steps / dim))
     scaling = config.rope_scaling_dict
     if not scaling:
         return inv_freq.float()
@@ -69,8 +71,8 @@ class RotaryEmbedding(nn.Module):
         self._sized = True
 
     def _make(self, n: int, dtype: torch.dtype, device: torch.device) -> tuple:
-        positions = torch.arange(n, dtype=torch.float32, device=self.inv_freq.device)
-        freqs = torch.outer(positions, self.inv_freq)
+        positions = torch.arange(n, dtype=torch.float32, device=device)
+        freqs = torch.outer(positions, self.inv_freq.to(device))
         emb = torch.cat([freqs, freqs], dim=-1)
         return emb.cos().to(device, dtype), emb.sin().to(device, dtype)
 

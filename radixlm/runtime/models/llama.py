@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -27,12 +27,20 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # NOTE: no random init (the loader fills every weight); on "meta", the init's normal_
+        # would import torch's compiler (~170 MB resident)
+        shape = (config.vocab_size, config.hidden_size)
+        self.embed_tokens = nn.Embedding(*shape, _weight=nn.Parameter(torch.empty(shape)))
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        if config.tie_word_embeddings:
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """The head reads the embedding's weight when the config ties them (again after
+        ``to_empty``, which gives every parameter its own storage)."""
+        if self.config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
     def forward(self, batch: ForwardBatch, backend) -> torch.Tensor:
@@ -44,10 +52,16 @@ class LlamaForCausalLM(nn.Module):
         x = self.norm(x[batch.logits_indices])
         return self.lm_head(x).float()
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy Hugging Face-named tensors into this model, fusing q/k/v and gate/up."""
+    def load_weights(
+        self,
+        weights: Iterable[tuple[str, torch.Tensor]],
+        on_loaded: Callable[[nn.Module, str], None] | None = None,
+    ) -> None:
+        """Copy Hugging Face-named tensors into this model, fusing q/k/v and gate/up.
+        ``on_loaded(self, name)`` runs as soon as parameter ``name`` has all its shards (it may
+        replace the parameter's module: this method keeps no reference to it after the call)."""
         params = dict(self.named_parameters())
-        loaded: set[str] = set()
+        shards_left = {name: _shard_count(name) for name in params}
         for hf_name, tensor in weights:
             name = hf_name.removeprefix("model.")
             if "rotary_emb" in name or (
@@ -60,8 +74,11 @@ class LlamaForCausalLM(nn.Module):
                     f"checkpoint tensor {hf_name!r} has no place in {type(self).__name__}"
                 )
             self._copy(params[name], tensor, shard, name)
-            loaded.add(name)
-        missing = sorted(set(params) - loaded)
+            shards_left[name] -= 1
+            if shards_left[name] == 0 and on_loaded is not None:
+                del params[name]
+                on_loaded(self, name)
+        missing = sorted(name for name, left in shards_left.items() if left > 0)
         if missing:
             raise ValueError(f"checkpoint is missing tensors: {missing[:8]}")
 
@@ -75,6 +92,11 @@ class LlamaForCausalLM(nn.Module):
                     f"{name}: checkpoint shape {tuple(tensor.shape)} != {tuple(target.shape)}"
                 )
             target.copy_(tensor)
+
+
+def _shard_count(name: str) -> int:
+    """How many checkpoint tensors fill our parameter ``name`` (3 for q/k/v, 2 for gate/up)."""
+    return sum(f".{fused}." in name for fused, _ in _STACKED.values()) or 1
 
 
 def _fused_name(name: str) -> tuple[str, int | None]:

@@ -116,43 +116,59 @@ def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch
 
 class Int4DecodeLinear(nn.Module):
     """An ``nn.Linear`` with an int4 copy of its weight for steps of few rows, and its bf16
-    weight in oneDNN's layout for the others (see module)."""
+    weight in oneDNN's layout for the others (see module). ``int4_only``: the int4 copy alone,
+    for every step (``ServerArgs.low_memory``)."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, int4_only: bool = False) -> None:
         super().__init__()
-        self.bias = linear.bias
+        self.bias, self.int4_only = linear.bias, int4_only
         packed, scale_offset = quantize_int4(linear.weight.detach())
         self.register_buffer("packed", packed, persistent=False)
         self.register_buffer("scale_offset", scale_offset, persistent=False)
         # NOTE: the oneDNN copy replaces the plain weight (an opaque tensor, kept out of the
         # module's parameters and buffers); the plain one stays where oneDNN is absent.
-        self.dense = onednn_weight(linear.weight.detach())
-        self.weight = linear.weight if self.dense is None else None
+        self.dense = None if int4_only else onednn_weight(linear.weight.detach())
+        self.weight = linear.weight if self.dense is None and not int4_only else None
 
     @property
     def dense_bytes(self) -> int:
         return 0 if self.dense is None else self.dense.numel() * self.dense.element_size()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2 and x.shape[0] <= MAX_INT4_ROWS and x.dtype == self.scale_offset.dtype:
+        few_rows = x.dim() == 2 and x.shape[0] <= MAX_INT4_ROWS
+        if (few_rows or self.int4_only) and x.dtype == self.scale_offset.dtype:
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(
-                x.contiguous(), self.packed, GROUP, self.scale_offset
-            )
+                x.reshape(-1, x.shape[-1]).contiguous(), self.packed, GROUP, self.scale_offset
+            ).view(*x.shape[:-1], -1)
             return out if self.bias is None else out + self.bias
         if self.dense is None:
             return F.linear(x, self.weight, self.bias)
         return _onednn_linear(x.contiguous(), self.dense, self.bias)
 
 
-def apply_int4_decode(model: nn.Module) -> int:
+def apply_int4_decode(model: nn.Module, weights_once: bool = False) -> int:
     """Give every decoder-layer projection an int4 copy and the LM head an int8 copy for decode;
-    returns how many int4 copies (a shape the kernel cannot take keeps only its bf16 weight)."""
-    apply_int8_head(model)
-    count = 0
+    returns how many projections have an int4 copy (a shape the kernel cannot take keeps only
+    its bf16 weight). ``weights_once``: the copies replace the bf16 weights (and the embedding:
+    see ``apply_int8_head``)."""
+    apply_int8_head(model, weights_once)
     for module in list(model.modules()):
         for name in LINEAR_NAMES:
             child = getattr(module, name, None)
             if type(child) is nn.Linear and int4_fits(child.weight):
-                setattr(module, name, Int4DecodeLinear(child))
-                count += 1
-    return count
+                setattr(module, name, Int4DecodeLinear(child, int4_only=weights_once))
+    return sum(isinstance(m, Int4DecodeLinear) for m in model.modules())
+
+
+def int4_as_loaded(model: nn.Module, name: str) -> None:
+    """The loader's hook for weights held once (``load_weights``' ``on_loaded``): a projection
+    becomes its int4 copy alone as soon as its weight is filled, so the model's bf16 weights
+    never all exist at once (its bias, loaded later, is the same parameter)."""
+    module_name, _, leaf = name.rpartition(".")
+    parent_name, _, child = module_name.rpartition(".")
+    if leaf != "weight" or child not in LINEAR_NAMES:
+        return
+    parent = model.get_submodule(parent_name)
+    linear = getattr(parent, child)
+    if type(linear) is nn.Linear and int4_fits(linear.weight):
+        setattr(parent, child, Int4DecodeLinear(linear, int4_only=True))

@@ -99,9 +99,10 @@ class Int8DecodeHead(nn.Module):
 
     Its int8 path returns float32 logits; the bf16 path returns the input's dtype."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, int8_only: bool = False) -> None:
         super().__init__()
-        self.weight, self.bias = linear.weight, linear.bias
+        self.weight = None if int8_only else linear.weight
+        self.bias = linear.bias
         group = group_size(linear.in_features)
         if group is None:
             raise ValueError(f"int8 head needs inputs in groups of {GROUP_ALIGN}")
@@ -110,19 +111,45 @@ class Int8DecodeHead(nn.Module):
         self.register_buffer("scales", scales, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2 and x.shape[0] <= MAX_INT8_HEAD_ROWS and x.dtype == self.scales.dtype:
+        few_rows = x.shape[0] <= MAX_INT8_HEAD_ROWS or self.weight is None
+        if x.dim() == 2 and few_rows and x.dtype == self.scales.dtype:
             out = int8_head_mm(x, self.codes, self.scales)
             return out if self.bias is None else out + self.bias
         return F.linear(x, self.weight, self.bias)
 
 
-def apply_int8_head(model: nn.Module) -> bool:
-    """Give ``model.lm_head`` an int8 copy for decode; False where the kernel or shape won't do."""
+class Int8Embedding(nn.Module):
+    """Token embeddings looked up in an int8 copy (:func:`quantize_int8`'s layout), each row
+    dequantised as it is read: the tied head's own copy, when weights are held once."""
+
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("codes", codes, persistent=False)
+        self.register_buffer("scales", scales, persistent=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        num_groups, _, group = self.codes.shape
+        rows = self.codes[:, ids].float() * self.scales[:, ids, None].float()  # [G, T, group]
+        return rows.transpose(0, 1).reshape(*ids.shape, num_groups * group).to(self.scales.dtype)
+
+
+def apply_int8_head(model: nn.Module, weights_once: bool = False) -> bool:
+    """Give ``model.lm_head`` an int8 copy for decode; False where the kernel or shape won't do.
+    ``weights_once``: the copy replaces the bf16 head for every step and, if the embedding is
+    tied to it, the embedding too (an untied one is quantised the same way)."""
     head = getattr(model, "lm_head", None)
     if (type(head) is not nn.Linear or head.weight.dtype != torch.bfloat16
             or group_size(head.in_features) is None or not int8_head_available()):  # fmt: skip
         return False
-    model.lm_head = Int8DecodeHead(head)
-    logger.info("int8 copy of the LM head for steps of <= %d logit rows (+%.0f MB)",
-                MAX_INT8_HEAD_ROWS, model.lm_head.codes.numel() / 2**20)  # fmt: skip
+    embed = getattr(model, "embed_tokens", None)
+    tied = type(embed) is nn.Embedding and embed.weight is head.weight
+    model.lm_head = Int8DecodeHead(head, int8_only=weights_once)
+    if weights_once and tied:
+        model.embed_tokens = Int8Embedding(model.lm_head.codes, model.lm_head.scales)
+    elif weights_once and type(embed) is nn.Embedding and embed.weight.dtype == torch.bfloat16:
+        codes, scales = quantize_int8(embed.weight, group_size(embed.embedding_dim))
+        model.embed_tokens = Int8Embedding(codes, scales)
+    rows = "every step" if weights_once else f"steps of <= {MAX_INT8_HEAD_ROWS} logit rows"
+    logger.info("int8 copy of the LM head for %s (+%.0f MB)",
+                rows, model.lm_head.codes.numel() / 2**20)  # fmt: skip
     return True
