@@ -23,8 +23,8 @@ from radixlm.runtime.models.quant import (
     MAX_INT4_ROWS,
     Int4DecodeLinear,
     apply_int4_decode,
-    int4_as_loaded,
     int4_available,
+    weights_once_as_loaded,
 )
 from radixlm.runtime.models.quant_head import Int8DecodeHead, Int8Embedding
 
@@ -126,10 +126,10 @@ class ModelRunner:
                     f"{name} runs on CPU in bfloat16 without tensor parallelism "
                     f"(device {self.device.type}, dtype {self.dtype}, tp_size {args.tp_size})"
                 )
-        # NOTE: weights held once become int4 as each one loads (see int4_as_loaded)
+        # NOTE: weights held once are converted as each one loads (weights_once_as_loaded)
         loaded = load_model(
             args, torch.device("cpu") if self.tp else self.device, self.dtype,
-            on_loaded=int4_as_loaded if args.low_memory else None,
+            on_loaded=weights_once_as_loaded if args.low_memory else None,
         )  # fmt: skip
         self.model, self.config, self.tokenizer = loaded.model, loaded.config, loaded.tokenizer
         self.model_path = loaded.model_path

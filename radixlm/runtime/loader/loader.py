@@ -63,15 +63,13 @@ def load_model(
     with ThreadPoolExecutor(1, thread_name_prefix="tokenizer") as pool:
         pending = pool.submit(load_tokenizer, args, path, fmt)
         torch.manual_seed(args.random_seed)
-        # NOTE: built where it will run, in its dtype: an 8B model never exists in float32 on
-        # the host, and checkpoint tensors are cast and moved as they are copied in. Weights
-        # converted as they load are built on "meta" and given storage untouched until its
-        # tensor is copied in, so the model's full weights never exist at once. (Not for all:
-        # loaded into untouched storage, SmolLM2's scheduler kept 34 MB more, cause unknown.)
-        with torch.device("meta" if on_loaded else device), _default_dtype(dtype):
+        # NOTE: built on "meta", then given storage where it will run, in its dtype, untouched
+        # until each tensor is copied in: no random init for the checkpoint to overwrite, an 8B
+        # model never in float32 on the host, and weights converted as they load (on_loaded)
+        # never all exist at once. Checkpoint tensors are cast and moved as they are copied.
+        with torch.device("meta"), _default_dtype(dtype):
             model = model_cls(config)
-        if on_loaded:
-            model.to_empty(device=device).tie_weights()
+        model.to_empty(device=device).tie_weights()
         if args.load_format == "dummy":
             _init_dummy(model)
         else:

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlm.runtime.models.quant_head import apply_int8_head
+from radixlm.runtime.models.quant_head import apply_int8_head, int8_as_loaded
 
 GROUP = 32
 MAX_INT4_ROWS = 8
@@ -160,10 +160,12 @@ def apply_int4_decode(model: nn.Module, weights_once: bool = False) -> int:
     return sum(isinstance(m, Int4DecodeLinear) for m in model.modules())
 
 
-def int4_as_loaded(model: nn.Module, name: str) -> None:
+def weights_once_as_loaded(model: nn.Module, name: str) -> None:
     """The loader's hook for weights held once (``load_weights``' ``on_loaded``): a projection
-    becomes its int4 copy alone as soon as its weight is filled, so the model's bf16 weights
-    never all exist at once (its bias, loaded later, is the same parameter)."""
+    becomes its int4 copy alone as soon as its weight is filled (its bias, loaded later, is the
+    same parameter), the head and embedding their int8 copy, so the model's bf16 weights never
+    all exist at once."""
+    int8_as_loaded(model, name)
     module_name, _, leaf = name.rpartition(".")
     parent_name, _, child = module_name.rpartition(".")
     if leaf != "weight" or child not in LINEAR_NAMES:

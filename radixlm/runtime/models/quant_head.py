@@ -141,15 +141,38 @@ def apply_int8_head(model: nn.Module, weights_once: bool = False) -> bool:
     if (type(head) is not nn.Linear or head.weight.dtype != torch.bfloat16
             or group_size(head.in_features) is None or not int8_head_available()):  # fmt: skip
         return False
-    embed = getattr(model, "embed_tokens", None)
-    tied = type(embed) is nn.Embedding and embed.weight is head.weight
+    tied = _tied(model)
     model.lm_head = Int8DecodeHead(head, int8_only=weights_once)
     if weights_once and tied:
         model.embed_tokens = Int8Embedding(model.lm_head.codes, model.lm_head.scales)
-    elif weights_once and type(embed) is nn.Embedding and embed.weight.dtype == torch.bfloat16:
-        codes, scales = quantize_int8(embed.weight, group_size(embed.embedding_dim))
-        model.embed_tokens = Int8Embedding(codes, scales)
+    elif weights_once:
+        _int8_embedding(model)
     rows = "every step" if weights_once else f"steps of <= {MAX_INT8_HEAD_ROWS} logit rows"
     logger.info("int8 copy of the LM head for %s (+%.0f MB)",
                 rows, model.lm_head.codes.numel() / 2**20)  # fmt: skip
     return True
+
+
+def int8_as_loaded(model: nn.Module, name: str) -> None:
+    """The loader's hook for weights held once (see ``quant.weights_once_as_loaded``): the head,
+    and the embedding, become int8 as soon as their weight is filled (the embedding is a
+    GGUF's first tensor: its bf16 copy never lives beside the layers)."""
+    if name == "lm_head.weight" or (name == "embed_tokens.weight" and _tied(model)):
+        apply_int8_head(model, weights_once=True)
+    elif name == "embed_tokens.weight":
+        _int8_embedding(model)
+
+
+def _tied(model: nn.Module) -> bool:
+    embed, head = getattr(model, "embed_tokens", None), getattr(model, "lm_head", None)
+    return type(embed) is nn.Embedding and type(head) is nn.Linear and embed.weight is head.weight
+
+
+def _int8_embedding(model: nn.Module) -> None:
+    """An untied bf16 embedding becomes an ``Int8Embedding`` of its own codes."""
+    embed = model.embed_tokens
+    if type(embed) is not nn.Embedding or embed.weight.dtype != torch.bfloat16:
+        return
+    group = group_size(embed.embedding_dim)
+    if group is not None:
+        model.embed_tokens = Int8Embedding(*quantize_int8(embed.weight, group))

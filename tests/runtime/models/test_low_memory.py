@@ -102,3 +102,15 @@ def test_low_memory_is_validated(tiny_llama):
         ServerArgs(low_memory=True, quantization="none")
     with pytest.raises(ValueError, match="low_memory=True runs on CPU in bfloat16"):
         ModelRunner(ServerArgs(model_path=tiny_llama, dtype="float32", low_memory=True))
+
+
+def test_the_load_hook_runs_once_per_parameter_when_all_its_shards_are_in(tiny_llama):
+    from radixlm.runtime.loader.loader import load_model
+
+    seen: list[str] = []
+    loaded = load_model(ServerArgs(model_path=tiny_llama), torch.device("cpu"), torch.bfloat16,
+                        on_loaded=lambda model, name: seen.append(name))  # fmt: skip
+    names = [name for name, _ in loaded.model.named_parameters()]
+    assert sorted(seen) == sorted(names) and len(seen) == len(set(seen))
+    # NOTE: q, k and v fill one fused parameter: it is complete only after the last of them
+    assert "layers.0.self_attn.qkv_proj.weight" in seen
