@@ -1,6 +1,7 @@
-"""Offline decode speed: the Engine (bf16 with compiled and with eager decode steps, fp32) against
-Hugging Face ``generate()`` (fp32, bf16), llama.cpp (the same Q4_1 GGUF, llama-cpp-python) and,
-when its venv is there, vLLM's CPU build (bf16, the GGUF dequantized; see ``vllm_peer.py``).
+"""Offline decode speed: the Engine (bf16 with compiled and with eager decode steps, bf16 with
+``low_memory``, fp32) against Hugging Face ``generate()`` (fp32, bf16), llama.cpp (the same Q4_1
+GGUF, llama-cpp-python) and, when its venv is there, vLLM's CPU build (bf16, the GGUF
+dequantized; see ``vllm_peer.py``).
 
 Single-stream decode tok/s (best of 3 runs) and batch-32 aggregate throughput on the embedded
 SmolLM2 (llama.cpp decodes the 32 sequences together in one context, as its server does with 32
@@ -30,11 +31,12 @@ RUNS = 3  # NOTE: single-stream rows are the best of this many runs (~2 s each; 
 
 
 def engine_runs(
-    dtype: str, new_tokens: int, batch: int, busy: bool, compiled: bool
+    dtype: str, new_tokens: int, batch: int, busy: bool, compiled: bool, low_memory: bool = False
 ) -> dict[str, float]:
     from radixlm import Engine
 
-    with Engine(dtype=dtype, max_total_tokens=16384, disable_cpu_compile=not compiled) as engine:
+    with Engine(dtype=dtype, max_total_tokens=16384, disable_cpu_compile=not compiled,
+                low_memory=low_memory) as engine:  # fmt: skip
         p = {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}
         engine.generate(PROMPT, {**p, "max_new_tokens": 4})  # warm-up
         wait_compiled(engine)
@@ -197,6 +199,10 @@ def main() -> None:
         log(name)
         busy = dtype == "bfloat16"  # NOTE: the default dtype on CPU
         results[name] = engine_runs(dtype, args.new_tokens, args.batch, busy, compiled)
+    log("radixlm_bfloat16_low_memory")
+    results["radixlm_bfloat16_low_memory"] = engine_runs(
+        "bfloat16", args.new_tokens, args.batch, False, False, low_memory=True
+    )
     for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
         log(f"HF generate {name}")
         results[f"hf_{name}"] = {"single_tok_s": hf_single(dtype, args.new_tokens)}
@@ -232,8 +238,12 @@ def main() -> None:
     ratios["compiled_vs_eager_single"] = (
         bf16["single_tok_s"] / results["radixlm_bfloat16_eager"]["single_tok_s"]
     )
+    low = results["radixlm_bfloat16_low_memory"]
+    ratios["low_memory_vs_compiled_single"] = low["single_tok_s"] / bf16["single_tok_s"]
+    ratios[f"low_memory_vs_compiled_batch{args.batch}"] = low[batch_key] / bf16[batch_key]
     if llamacpp is not None:
         ratios["single_vs_llama_cpp"] = best / llamacpp["single_tok_s"]
+        ratios["low_memory_single_vs_llama_cpp"] = low["single_tok_s"] / llamacpp["single_tok_s"]
         ratios[f"batch{args.batch}_vs_llama_cpp"] = best_batch / llamacpp[batch_key]
         ratios["busy_single_vs_llama_cpp"] = (
             bf16["busy_single_tok_s"] / llamacpp["busy_single_tok_s"]

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import functools
-import gc
 import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -13,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from radixlm.runtime.config import ModelConfig
+from radixlm.runtime.heap import trim_heap
 from radixlm.runtime.loader.gguf_file import GGUFFile
 from radixlm.runtime.loader.text_tokenizer import cache_root
 
@@ -67,14 +65,7 @@ def release_gguf() -> None:
     the server and detokenizer after start-up, the scheduler after loading; then hand the
     memory freed while loading back to the OS (glibc keeps it otherwise)."""
     open_gguf.cache_clear()
-    gc.collect()
-    trim_heap()
-
-
-def trim_heap() -> None:
-    """Hand the memory freed on glibc's heaps back to the OS (glibc keeps most of it)."""
-    with contextlib.suppress(OSError, AttributeError):  # NOTE: glibc only
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    trim_heap(collect=True)
 
 
 def _field(reader, key: str, default: Any = None) -> Any:

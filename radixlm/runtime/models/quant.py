@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlm.runtime.models.quant_head import apply_int8_head, int8_as_loaded
+from radixlm.runtime.models.quant_head import apply_int8_head, int8_as_loaded, int8_embedding
 
 GROUP = 32
 MAX_INT4_ROWS = 8
@@ -152,6 +152,8 @@ def apply_int4_decode(model: nn.Module, weights_once: bool = False) -> int:
     its bf16 weight). ``weights_once``: the copies replace the bf16 weights (and the embedding:
     see ``apply_int8_head``)."""
     apply_int8_head(model, weights_once)
+    if weights_once:
+        int8_embedding(model)
     for module in list(model.modules()):
         for name in LINEAR_NAMES:
             child = getattr(module, name, None)

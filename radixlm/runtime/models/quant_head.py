@@ -136,7 +136,7 @@ class Int8Embedding(nn.Module):
 def apply_int8_head(model: nn.Module, weights_once: bool = False) -> bool:
     """Give ``model.lm_head`` an int8 copy for decode; False where the kernel or shape won't do.
     ``weights_once``: the copy replaces the bf16 head for every step and, if the embedding is
-    tied to it, the embedding too (an untied one is quantised the same way)."""
+    tied to it, the embedding too (see ``int8_embedding`` for an untied one)."""
     head = getattr(model, "lm_head", None)
     if (type(head) is not nn.Linear or head.weight.dtype != torch.bfloat16
             or group_size(head.in_features) is None or not int8_head_available()):  # fmt: skip
@@ -145,8 +145,6 @@ def apply_int8_head(model: nn.Module, weights_once: bool = False) -> bool:
     model.lm_head = Int8DecodeHead(head, int8_only=weights_once)
     if weights_once and tied:
         model.embed_tokens = Int8Embedding(model.lm_head.codes, model.lm_head.scales)
-    elif weights_once:
-        _int8_embedding(model)
     rows = "every step" if weights_once else f"steps of <= {MAX_INT8_HEAD_ROWS} logit rows"
     logger.info("int8 copy of the LM head for %s (+%.0f MB)",
                 rows, model.lm_head.codes.numel() / 2**20)  # fmt: skip
@@ -160,7 +158,7 @@ def int8_as_loaded(model: nn.Module, name: str) -> None:
     if name == "lm_head.weight" or (name == "embed_tokens.weight" and _tied(model)):
         apply_int8_head(model, weights_once=True)
     elif name == "embed_tokens.weight":
-        _int8_embedding(model)
+        int8_embedding(model)
 
 
 def _tied(model: nn.Module) -> bool:
@@ -168,8 +166,9 @@ def _tied(model: nn.Module) -> bool:
     return type(embed) is nn.Embedding and type(head) is nn.Linear and embed.weight is head.weight
 
 
-def _int8_embedding(model: nn.Module) -> None:
-    """An untied bf16 embedding becomes an ``Int8Embedding`` of its own codes."""
+def int8_embedding(model: nn.Module) -> None:
+    """An untied bf16 embedding becomes an ``Int8Embedding`` of its own codes (call it once the
+    embedding is loaded: a checkpoint may hold the head first)."""
     embed = model.embed_tokens
     if type(embed) is not nn.Embedding or embed.weight.dtype != torch.bfloat16:
         return

@@ -67,12 +67,18 @@ def test_logits_are_the_int4_decode_paths(tiny_llama):
     assert (long.argmax(-1) == got.argmax(-1)).float().mean() >= 0.75
 
 
-def test_int8_embedding_reads_the_dequantised_rows(tiny_llama):
-    r = runner(tiny_llama, low_memory=True)
-    embed, ids = r.model.embed_tokens, torch.tensor([3, 0, 17, 3])
+@pytest.mark.parametrize("architecture", ["LlamaForCausalLM", "Qwen2ForCausalLM"])
+def test_int8_embedding_reads_the_checkpoint_rows(tiny_model_factory, architecture):
+    """The dequantised rows, within int8's half step of the checkpoint's (a safetensors file
+    holds ``lm_head`` before the embedding: the embedding converts only once it is loaded)."""
+    path = tiny_model_factory(architecture)
+    r, ids = runner(path, low_memory=True), torch.tensor([3, 0, 17, 3, 1500])
+    embed = r.model.embed_tokens
     dense = ref_int8_head_mm(torch.eye(embed.codes.shape[0] * embed.codes.shape[2]),
                              embed.codes, embed.scales)  # fmt: skip
     assert torch.equal(embed(ids).float(), dense.t()[ids].bfloat16().float())
+    want = runner(path, quantization="int4").model.embed_tokens(ids).float()
+    assert (embed(ids).float() - want).abs().max() <= 0.01 * want.abs().max()
 
 
 def test_tied_embedding_shares_the_head_copy(smollm_path):
@@ -114,3 +120,16 @@ def test_the_load_hook_runs_once_per_parameter_when_all_its_shards_are_in(tiny_l
     assert sorted(seen) == sorted(names) and len(seen) == len(set(seen))
     # NOTE: q, k and v fill one fused parameter: it is complete only after the last of them
     assert "layers.0.self_attn.qkv_proj.weight" in seen
+
+
+def test_a_bias_loaded_after_its_weight_was_converted_is_kept(tiny_model_factory):
+    """Qwen2's q/k/v bias is its own checkpoint tensor: the int4 module made when the weight
+    completed holds the same bias parameter, which the loader then fills."""
+    path = tiny_model_factory("Qwen2ForCausalLM")
+    low, default = runner(path, low_memory=True), runner(path, quantization="int4")
+    got = low.model.layers[0].self_attn.qkv_proj.bias
+    want = default.model.layers[0].self_attn.qkv_proj.bias
+    assert got is not None and torch.equal(got, want) and want.abs().sum() > 0
+    short = IDS[:MAX_INT4_ROWS]
+    a, b = prefill_logits(low, short), prefill_logits(default, short)
+    assert (a - b).abs().max() < 0.1 * b.std()
