@@ -34,9 +34,10 @@ BIG_STEP_TOKENS = 256
 WAIT_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 PASSIVE_WAIT = {"OMP_WAIT_POLICY": "PASSIVE"}
 # NOTE: glibc gives each thread that allocates its own heap (up to 8 per core), and memory freed
-# there goes back to the OS far less readily than the main heap's: loading SmolLM2 (torch's
-# threads, the tokenizer's thread) left the scheduler 170 MB larger than with 2 heaps, and
-# its start-up peak 250 MB higher. Read once, at start: set in a child's environment.
+# there goes back to the OS far less readily than the main heap's: loading and quantising
+# SmolLM2 in one process (the tokenizer loads on a thread) ended at 665 MB and peaked at 836
+# with glibc's default, 518 and 547 with 2 heaps (one run each; start-ups vary by ~100 MB).
+# Read once, at start: set in a child's environment.
 MALLOC_ARENAS = {"MALLOC_ARENA_MAX": "2"}
 
 

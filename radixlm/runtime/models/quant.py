@@ -20,6 +20,10 @@ against 1.35e-3).
 
 The same transform gives the LM head an int8 copy (see :mod:`quant_head`): int4 costs the head's
 logits too much (greedy agreement with float32 87.5% against int8's 96.9%).
+
+With ``ServerArgs.low_memory`` each weight is held once: the int4 copy serves every step (about
+2.5x slower than bf16 past a few dozen rows) and the head's int8 copy every logit row, made as
+the checkpoint loads (:func:`weights_once_as_loaded`) so that the bf16 weights never all exist.
 """
 
 from __future__ import annotations
@@ -149,8 +153,8 @@ class Int4DecodeLinear(nn.Module):
 def apply_int4_decode(model: nn.Module, weights_once: bool = False) -> int:
     """Give every decoder-layer projection an int4 copy and the LM head an int8 copy for decode;
     returns how many projections have an int4 copy (a shape the kernel cannot take keeps only
-    its bf16 weight). ``weights_once``: the copies replace the bf16 weights (and the embedding:
-    see ``apply_int8_head``)."""
+    its bf16 weight). ``weights_once``: the copies replace the bf16 weights, and the embedding
+    becomes int8 too."""
     apply_int8_head(model, weights_once)
     if weights_once:
         int8_embedding(model)

@@ -120,7 +120,7 @@ class Int8DecodeHead(nn.Module):
 
 class Int8Embedding(nn.Module):
     """Token embeddings looked up in an int8 copy (:func:`quantize_int8`'s layout), each row
-    dequantised as it is read: the tied head's own copy, when weights are held once."""
+    dequantised as it is read; when weights are held once (the tied head's copy, if tied)."""
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor) -> None:
         super().__init__()
