@@ -139,11 +139,11 @@ class Int4DecodeLinear(nn.Module):
         return 0 if self.dense is None else self.dense.numel() * self.dense.element_size()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        few_rows = x.dim() == 2 and x.shape[0] <= MAX_INT4_ROWS
-        if (few_rows or self.int4_only) and x.dtype == self.scale_offset.dtype:
+        int4 = x.shape[0] <= MAX_INT4_ROWS or self.int4_only
+        if x.dim() == 2 and int4 and x.dtype == self.scale_offset.dtype:
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(
-                x.reshape(-1, x.shape[-1]).contiguous(), self.packed, GROUP, self.scale_offset
-            ).view(*x.shape[:-1], -1)
+                x.contiguous(), self.packed, GROUP, self.scale_offset
+            )
             return out if self.bias is None else out + self.bias
         if self.dense is None:
             return F.linear(x, self.weight, self.bias)
