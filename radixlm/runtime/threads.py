@@ -39,6 +39,12 @@ PASSIVE_WAIT = {"OMP_WAIT_POLICY": "PASSIVE"}
 # with glibc's default, 518 and 547 with 2 heaps (one run each; start-ups vary by ~100 MB).
 # Read once, at start: set in a child's environment.
 MALLOC_ARENAS = {"MALLOC_ARENA_MAX": "2"}
+# NOTE: oneDNN (bf16 matmuls on CPU) keeps each matmul shape's JIT-compiled primitive in two
+# caches of 1024 entries (oneDNN's own and ideep's, ~0.35 MB an entry): every new KV length of
+# an eager decode step or new prompt length added ~1.4 MB to the scheduler (a low_memory
+# server grew 435 -> 545 MB over its first 8 requests; a long-lived one would have grown by
+# hundreds). 64 entries hold every shape a step reuses. Read once, at start.
+ONEDNN_CACHES = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LRU_CACHE_CAPACITY": "64"}
 
 
 def compute_threads(
@@ -87,8 +93,8 @@ class StepThreads:
 
 def child_env(threads: int, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The environment for a child process that runs torch with ``threads`` threads (and
-    glibc with ``MALLOC_ARENAS``, unless the user set it)."""
-    env = {**MALLOC_ARENAS, **environ}
+    glibc with ``MALLOC_ARENAS`` and oneDNN with ``ONEDNN_CACHES``, unless the user set them)."""
+    env = {**MALLOC_ARENAS, **ONEDNN_CACHES, **environ}
     if not any(name in env for name in WAIT_VARS):
         env.update(PASSIVE_WAIT)
     env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)

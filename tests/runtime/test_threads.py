@@ -95,9 +95,11 @@ def test_child_environment_waits_passively_unless_the_user_chose():
     assert active["OMP_WAIT_POLICY"] == "ACTIVE"
 
 
-def test_child_environment_caps_glibc_heaps_unless_the_user_chose():
+def test_child_environment_caps_glibc_heaps_and_onednn_caches_unless_the_user_chose():
     assert threads.child_env(1, environ={})["MALLOC_ARENA_MAX"] == "2"
     assert threads.child_env(1, environ={"MALLOC_ARENA_MAX": "8"})["MALLOC_ARENA_MAX"] == "8"
+    env = threads.child_env(1, environ={"LRU_CACHE_CAPACITY": "1024"})
+    assert env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "64" and env["LRU_CACHE_CAPACITY"] == "1024"
 
 
 def test_engine_with_one_thread_reports_it(tiny_llama):

@@ -47,6 +47,8 @@ def test_matches_reference(shared, extends, own_base, monkeypatch):
     pool.k[0].normal_(generator=gen)
     pool.v[0].normal_(generator=gen)
     table = ReqToTokenPool(8, 256, torch.device("cpu"))
+    # NOTE: stale slots past each request's length: a decode group reads its KV padded (masked)
+    table.table.random_(1, 513, generator=gen)
     common = torch.randperm(500, generator=gen)[:shared] + 1
     free = iter((torch.randperm(500 - 0, generator=gen) + 1).tolist())
     used = set(common.tolist())

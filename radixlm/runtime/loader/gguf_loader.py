@@ -42,7 +42,7 @@ _NAMES = {
 _FOUR_BIT = {"Q4_0", "Q4_1"}
 # bytes per block of 32 weights: an f16 scale (Q4_1: and an f16 minimum), then the codes
 _BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
-CHUNK_BLOCKS = 1 << 16  # 2M weights: 8 MB in float32
+CHUNK_BLOCKS = 1 << 12  # 128K weights: 512 KB in float32
 TRIM_BYTES = 8 << 20  # of the file read between two trims of glibc's heaps
 
 

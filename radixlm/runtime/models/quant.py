@@ -32,7 +32,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlm.runtime.models.quant_head import apply_int8_head, int8_as_loaded, int8_embedding
+from radixlm.runtime.models.quant_head import (
+    QUANTIZE_WEIGHTS,
+    apply_int8_head,
+    int8_as_loaded,
+    int8_embedding,
+)
 
 GROUP = 32
 MAX_INT4_ROWS = 8
@@ -54,6 +59,21 @@ def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if not int4_fits(weight):
         raise ValueError(f"int4 needs [16n, {GROUP}k] weights, got {tuple(weight.shape)}")
     n, k = weight.shape
+    codes = torch.empty(n, k, dtype=torch.int32, device=weight.device)
+    scale_offset = torch.empty(k // GROUP, n, 2, dtype=weight.dtype, device=weight.device)
+    step = max(1, QUANTIZE_WEIGHTS // k)
+    for start in range(0, n, step):
+        rows = slice(start, start + step)
+        row_codes, scale, offset = _quantize_rows(weight[rows])
+        codes[rows] = row_codes.reshape(-1, k)
+        scale_offset[:, rows] = torch.stack([scale.t(), offset.t()], dim=-1)
+    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1), scale_offset
+
+
+def _quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Codes ``[N, K / GROUP, GROUP]`` (int32), scales and offsets ``[N, K / GROUP]``: per
+    group, the better of an asymmetric and a symmetric fit."""
+    n, k = weight.shape
     groups = weight.float().reshape(n, k // GROUP, GROUP)
     low, high = groups.amin(-1), groups.amax(-1)
     asym = _fit(groups, ((high - low) / 15).clamp(min=1e-10), low + 8 * ((high - low) / 15))
@@ -61,14 +81,10 @@ def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     sym_scale = torch.where(extreme == 0, 1e-10, -extreme / 8)
     sym = _fit(groups, sym_scale, torch.zeros_like(low))
     better = (sym[0] < asym[0])[..., None]
-    codes = torch.where(better, sym[1], asym[1])
+    codes = torch.where(better, sym[1], asym[1]).to(torch.int32)
     scale = torch.where(better[..., 0], sym_scale, asym[2])
     offset = torch.where(better[..., 0], 0.0, asym[3])
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
-        codes.to(torch.int32).reshape(n, k), 1
-    )
-    scale_offset = torch.stack([scale.t(), offset.t()], dim=-1)
-    return packed, scale_offset.to(weight.dtype).contiguous()
+    return codes, scale, offset
 
 
 def _fit(groups: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> tuple:

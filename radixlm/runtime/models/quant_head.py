@@ -41,7 +41,10 @@ MAX_GROUP = 256
 # NOTE: the AVX512 kernel loads 16 inputs at a time with no tail loop (other sizes read out of
 # bounds); multiples of 32 also suit the AVX2 and NEON kernels.
 GROUP_ALIGN = 32
-QUANTIZE_ROWS = 4096
+# NOTE: weights quantised at a time: float32 temporaries of ~0.5 MB, which glibc reuses on its
+# heap, where whole-tensor ones (a fused gate/up: ~15 of 7 MB) had a load page-fault gigabytes
+# of fresh memory (``heap.loading``) or leave them on the heap
+QUANTIZE_WEIGHTS = 1 << 17
 
 
 def int8_head_available() -> bool:
@@ -61,9 +64,14 @@ def group_size(k: int) -> int | None:
 def quantize_int8(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``weight [N, K]`` -> (codes ``[K / group, N, group]`` int8, scales ``[K / group, N]`` in
     the weight's dtype) with ``w = q * scale``, ``q`` in -127..127."""
-    # NOTE: a few thousand rows at a time: a float32 copy of a large head would be gigabytes.
-    parts = [_quantize_rows(rows, group) for rows in weight.detach().split(QUANTIZE_ROWS)]
-    return torch.cat([c for c, _ in parts], 1), torch.cat([s for _, s in parts], 1)
+    n, k = weight.shape
+    codes = torch.empty(k // group, n, group, dtype=torch.int8, device=weight.device)
+    scales = torch.empty(k // group, n, dtype=weight.dtype, device=weight.device)
+    step = max(1, QUANTIZE_WEIGHTS // k)  # NOTE: a float32 copy of a large head: gigabytes
+    for start in range(0, n, step):
+        rows = slice(start, start + step)
+        codes[:, rows], scales[:, rows] = _quantize_rows(weight.detach()[rows], group)
+    return codes, scales
 
 
 def _quantize_rows(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:

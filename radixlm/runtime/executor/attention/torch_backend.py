@@ -26,6 +26,11 @@ SDPA_MIN_EXTEND = 256
 # flash-attention kernel (no float32 score matrix; bf16, 465 queries x 790 shared slots: 18 ms
 # against 31 ms a layer); below it the two matmuls are as fast (64 queries: 1.7 vs 1.6 ms).
 FLASH_MIN_QUERIES = 128
+# NOTE: a decode group of several requests reads its KV padded to a multiple of this many slots
+# (the padding masked): bf16 matmuls go through oneDNN, which JIT-compiles and caches a kernel per
+# shape, so a length new at every step cost a compile every step (batch 32: ~5% of an eager step)
+# and grew the process until its caches filled (``threads.ONEDNN_CACHES``).
+DECODE_LEN_BUCKET = 16
 
 
 @dataclass
@@ -53,6 +58,9 @@ class TorchAttentionBackend(AttentionBackend):
         ext = [batch.extend_lens_list[i] for i in rows]
         seq = [batch.seq_lens_list[i] for i in rows]
         n, max_e, max_l = len(rows), max(ext), max(seq)
+        if n > 1 and max_e == 1:
+            bucket = -(-max_l // DECODE_LEN_BUCKET) * DECODE_LEN_BUCKET
+            max_l = min(bucket, batch.req_to_token.shape[1])
         rows_t = torch.tensor(rows, dtype=torch.int64, device=device)
         kv_index = batch.req_to_token[batch.req_slots[rows_t], :max_l]
         seq_t, ext_t = batch.seq_lens[rows_t], batch.extend_lens[rows_t]
