@@ -41,9 +41,11 @@ PASSIVE_WAIT = {"OMP_WAIT_POLICY": "PASSIVE"}
 MALLOC_ARENAS = {"MALLOC_ARENA_MAX": "2"}
 # NOTE: oneDNN (bf16 matmuls on CPU) keeps each matmul shape's JIT-compiled primitive in two
 # caches of 1024 entries (oneDNN's own and ideep's, ~0.35 MB an entry): every new KV length of
-# an eager decode step or new prompt length added ~1.4 MB to the scheduler (a low_memory
-# server grew 435 -> 545 MB over its first 8 requests; a long-lived one would have grown by
-# hundreds). 64 entries hold every shape a step reuses. Read once, at start.
+# an eager decode step or new prompt length added ~1.4 MB to the scheduler until they were full
+# (a low_memory server grew 435 -> 545 MB over its first 8 requests; capped, with decode
+# lengths padded to 16 slots by the torch backend: 445). A step takes a handful (the
+# projections, the head, two attention matmuls), so 64 keep a few steps' worth. Read once, at
+# start.
 ONEDNN_CACHES = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LRU_CACHE_CAPACITY": "64"}
 
 

@@ -42,8 +42,8 @@ MAX_GROUP = 256
 # bounds); multiples of 32 also suit the AVX2 and NEON kernels.
 GROUP_ALIGN = 32
 # NOTE: weights quantised at a time: float32 temporaries of ~0.5 MB, which glibc reuses on its
-# heap, where whole-tensor ones (a fused gate/up: ~15 of 7 MB) had a load page-fault gigabytes
-# of fresh memory (``heap.loading``) or leave them on the heap
+# heap; whole-tensor ones (a fused gate/up: ~15 of 7 MB) piled up there between the loader's
+# trims (SmolLM2 in low_memory: the load peaked at 527-637 MB, 483-487 in pieces)
 QUANTIZE_WEIGHTS = 1 << 17
 
 

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.models import quant
 from radixlm.runtime.models.quant import (
     GROUP,
     MAX_INT4_ROWS,
@@ -51,6 +52,14 @@ def test_int4_copy_reproduces_a_q4_weight(make, bias):
         want = x.float() @ linear.weight.float().t() + (linear.bias.float() if bias else 0)
         got = int4(x).float()
         assert (got - want).abs().max() <= 0.01 * want.abs().max()
+
+
+def test_quantizing_in_pieces_gives_the_whole_tensors_codes(monkeypatch):
+    weight = q4_1_weight(80, 96, seed=3)
+    whole = quant.quantize_int4(weight)
+    monkeypatch.setattr(quant, "QUANTIZE_WEIGHTS", 7 * 96)  # NOTE: 7 rows, a ragged last piece
+    pieces = quant.quantize_int4(weight)
+    assert torch.equal(pieces[0], whole[0]) and torch.equal(pieces[1], whole[1])
 
 
 @pytest.mark.parametrize("rows", [MAX_INT4_ROWS + 1, 32, 300])

@@ -63,6 +63,14 @@ def test_codes_reproduce_the_weight_to_half_a_step():
             + 1e-6).all()  # fmt: skip
 
 
+def test_quantizing_in_pieces_gives_the_whole_tensors_codes(monkeypatch):
+    weight = (torch.randn(100, 576) * 0.05).bfloat16()
+    whole = quantize_int8(weight, 192)
+    monkeypatch.setattr(quant_head, "QUANTIZE_WEIGHTS", 9 * 576)  # NOTE: 9 rows, ragged
+    pieces = quantize_int8(weight, 192)
+    assert torch.equal(pieces[0], whole[0]) and torch.equal(pieces[1], whole[1])
+
+
 def test_group_size_and_shapes_it_cannot_take():
     assert [group_size(k) for k in (576, 896, 2048, 64, 40)] == [192, 224, 256, 64, None]
     model = nn.Module()
