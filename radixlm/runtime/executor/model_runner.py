@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from radixlm.runtime import heap, threads
+from radixlm.runtime import threads
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.distributed.batch_sync import broadcast_batch, broadcast_stop
 from radixlm.runtime.distributed.parallel import init_tp_group, resolve_device
@@ -148,8 +148,6 @@ class ModelRunner:
                 logger.info("int4 weight copies for decode steps of <= %d tokens: %d layers",
                             MAX_INT4_ROWS, count)  # fmt: skip
             self._phase("quantize")
-        if self.device.type == "cpu":
-            heap.trim_heap(collect=True)  # NOTE: the loader's and the tokenizer's garbage
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
