@@ -5,7 +5,9 @@ process tree (server plus children) at idle once started (for radixlm: once its 
 compiled, in the background after ready), and the peak RSS from launch to the end of a short load
 (``--requests`` completions of ``--max-tokens`` tokens, ``--concurrency`` at a time), sampled
 every 0.1 s. radixlm runs twice: by default and with ``--low-memory`` (each weight held once,
-as int4/int8; no compiled steps). Writes ``results/bench_startup.json`` and a plot; prints one
+as int4/int8; decode steps compiled ahead of time by a child process and loaded from disk: run
+the benchmark once before measuring, so that neither the default's inductor cache nor these
+packages are cold). Writes ``results/bench_startup.json`` and a plot; prints one
 summary line.
 
     python benchmarks/bench_startup.py                 # needs llama-cpp-python[server]

@@ -107,7 +107,8 @@ class ServerArgs:
     quantization: str = "auto"
     # NOTE: CPU, bf16: each weight held once, as the int4 copy of the layers and the int8 copy
     # of the head and tied embedding, used for every step (prefill included, ~2.5x slower
-    # matmuls than bf16); no compiled steps (torch's compiler is never imported).
+    # matmuls than bf16); decode steps compiled ahead of time by a child process and loaded
+    # without torch's compiler (executor/aot_graphs.py).
     low_memory: bool = False
     dtype: str = "auto"
     device: str = "auto"

@@ -143,15 +143,7 @@ class CpuGraphRunner:
         return self._run(self._lookup, self.inputs(batch))
 
     def inputs(self, batch: ForwardBatch) -> DecodeInputs:
-        """The graphs' inputs for ``batch``: one row per token."""
-        token_slot, key_mask = _grid(batch.extend_lens, batch.positions, max(batch.seq_lens_list))
-        # NOTE: copies made here, in inference mode as the compile's were: a tensor made outside
-        # it fails the graphs' guards (the step would run eagerly)
-        return DecodeInputs(
-            batch.input_ids.clone(), batch.positions.clone(), batch.logits_indices.clone(),
-            batch.out_cache_loc.clone(), token_slot,
-            batch.req_to_token[batch.req_slots, : key_mask.shape[2]], key_mask,
-        )  # fmt: skip
+        return decode_inputs(batch)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Start compiling if needed and block until every graph compiled (or failed); False
@@ -191,7 +183,7 @@ class CpuGraphRunner:
         for graph, extend_lens in GRAPHS.items():
             start = time.perf_counter()
             try:
-                self._run(self.compiled, _scratch_inputs(extend_lens))
+                self._run(self.compiled, scratch_inputs(extend_lens))
             except Exception as e:  # noqa: BLE001  (eager steps go on; the reason is reported)
                 self.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                 logger.warning("CPU decode compile failed, decode stays eager: %s", self.error)
@@ -199,6 +191,18 @@ class CpuGraphRunner:
             self.compile_s[graph] = round(time.perf_counter() - start, 1)
             self.ready.add(graph)
             logger.info("compiled CPU steps (%s) in %.1f s", graph, self.compile_s[graph])
+
+
+def decode_inputs(batch: ForwardBatch) -> DecodeInputs:
+    """The graphs' inputs for ``batch``: one row per token."""
+    token_slot, key_mask = grid(batch.extend_lens, batch.positions, max(batch.seq_lens_list))
+    # NOTE: copies made here, in inference mode as the compile's were: a tensor made outside
+    # it fails the graphs' guards (the step would run eagerly)
+    return DecodeInputs(
+        batch.input_ids.clone(), batch.positions.clone(), batch.logits_indices.clone(),
+        batch.out_cache_loc.clone(), token_slot,
+        batch.req_to_token[batch.req_slots, : key_mask.shape[2]], key_mask,
+    )  # fmt: skip
 
 
 def _graph(tokens: int, extend_lens: list[int]) -> str | None:
@@ -212,7 +216,7 @@ def _graph(tokens: int, extend_lens: list[int]) -> str | None:
     return "decode" if tokens == len(extend_lens) else "mixed"
 
 
-def _grid(
+def grid(
     extend_lens: torch.Tensor, positions: torch.Tensor, length: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each token's place in the step's ``[R, E]`` grid, and the grid's causal key mask over
@@ -226,10 +230,10 @@ def _grid(
     return token_slot, torch.arange(length) <= grid_pos.view(reqs, per_req, 1)
 
 
-def _scratch_inputs(extend_lens: list[int]) -> DecodeInputs:
+def scratch_inputs(extend_lens: list[int]) -> DecodeInputs:
     """A step that writes and reads only slot 0, the pool's scratch slot."""
     zeros = torch.zeros(sum(extend_lens), dtype=torch.int64)
-    token_slot, key_mask = _grid(torch.tensor(extend_lens), zeros + WARMUP_LEN - 1, WARMUP_LEN)
+    token_slot, key_mask = grid(torch.tensor(extend_lens), zeros + WARMUP_LEN - 1, WARMUP_LEN)
     return DecodeInputs(
         input_ids=zeros, positions=zeros.clone(), logits_indices=torch.arange(zeros.shape[0]),
         out_cache_loc=zeros.clone(), token_slot=token_slot,

@@ -13,6 +13,8 @@ from radixlm.runtime.distributed.batch_sync import broadcast_batch, broadcast_st
 from radixlm.runtime.distributed.parallel import init_tp_group, resolve_device
 from radixlm.runtime.distributed.placement import RankInfo
 from radixlm.runtime.distributed.shard import local_heads, shard_model
+from radixlm.runtime.executor import aot_graphs
+from radixlm.runtime.executor.aot_graphs import AotGraphs
 from radixlm.runtime.executor.attention.base import create_attention_backend
 from radixlm.runtime.executor.cpu_graph_runner import CpuGraphRunner, DecodeAttention
 from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
@@ -186,14 +188,17 @@ class ModelRunner:
         )  # fmt: skip
         return runner
 
-    def _compile_cpu_decode(self, args: ServerArgs) -> CpuGraphRunner | None:
-        """Compiled decode steps on CPU (started in the background; see cpu_graph_runner)."""
+    def _compile_cpu_decode(self, args: ServerArgs) -> CpuGraphRunner | AotGraphs | None:
+        """Compiled decode steps on CPU (started in the background): with torch.compile
+        (cpu_graph_runner), or for ``low_memory`` ahead of time in a child process, so that
+        torch's compiler never loads here (aot_graphs)."""
         if args.disable_cpu_compile or self.device.type != "cpu" or self.tp is not None:
-            return None
-        if args.low_memory:  # NOTE: torch's compiler alone is ~170 MB resident, its graphs more
             return None
         if self.attention_backend_name != "torch":
             return None
+        if args.low_memory:
+            return AotGraphs(args, self.model, self.kv_pool, self.max_total_tokens) \
+                if aot_graphs.available() else None  # fmt: skip
         return CpuGraphRunner(self.model, DecodeAttention(self.kv_pool, self.backend.scale))
 
     @property

@@ -155,7 +155,8 @@ class Int4DecodeLinear(nn.Module):
         return 0 if self.dense is None else self.dense.numel() * self.dense.element_size()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        int4 = x.shape[0] <= MAX_INT4_ROWS or self.int4_only
+        # NOTE: the flag first: a graph exported for every row count gets no guard on rows
+        int4 = self.int4_only or x.shape[0] <= MAX_INT4_ROWS
         if x.dim() == 2 and int4 and x.dtype == self.scale_offset.dtype:
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(
                 x.contiguous(), self.packed, GROUP, self.scale_offset

@@ -119,7 +119,8 @@ class Int8DecodeHead(nn.Module):
         self.register_buffer("scales", scales, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        few_rows = x.shape[0] <= MAX_INT8_HEAD_ROWS or self.weight is None
+        # NOTE: the flag first: a graph exported for every row count gets no guard on rows
+        few_rows = self.weight is None or x.shape[0] <= MAX_INT8_HEAD_ROWS
         if x.dim() == 2 and few_rows and x.dtype == self.scales.dtype:
             out = int8_head_mm(x, self.codes, self.scales)
             return out if self.bias is None else out + self.bias

@@ -1,0 +1,172 @@
+"""Compile a ``low_memory`` model's decode graphs ahead of time, in a child process of the
+scheduler (aot_graphs): ``python -m radixlm.runtime.executor.aot_compile DIR/args.json``.
+
+The model loads as the scheduler's does; each graph is the model's own ``forward`` over
+:class:`DecodeInputs` with :class:`DecodeAttention`, exported with ``torch.export`` (the KV
+pool as buffers the step writes, so the package writes the tensors it is given) and compiled
+by AOTInductor into ``DIR/<graph>.pt2`` without its constants. ``DIR/constants.json`` names
+each constant's source for the loader; before anything is published the package runs two
+decode steps against the eager ones (same greedy tokens, logits within bf16 rounding).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.executor.aot_graphs import CONSTANTS_FILE, GRAPHS, load_package, run_package
+from radixlm.runtime.executor.cpu_graph_runner import (
+    DecodeAttention,
+    DecodeInputs,
+    scratch_inputs,
+)
+from radixlm.runtime.executor.forward_batch import ForwardBatch
+from radixlm.runtime.executor.model_runner import ModelRunner
+from radixlm.runtime.mem_cache.memory_pool import KVPool
+from radixlm.runtime.models.quant import GROUP
+
+CHECK_REQUESTS = {"1": 1, "decode": 3}  # requests in the check's steps, per graph
+
+
+class _PoolBuffers(KVPool):
+    """The KV pool's tensors read through a module's buffers: export sees the step write
+    buffers (the package then writes the tensors it is loaded with), not constants."""
+
+    def __init__(self, module: nn.Module, pool: KVPool) -> None:
+        for i, (k, v) in enumerate(zip(pool.k, pool.v)):
+            module.register_buffer(f"k{i}", k, persistent=False)
+            module.register_buffer(f"v{i}", v, persistent=False)
+        self.module, self.layers, self.dtype, self.size = module, len(pool.k), pool.dtype, pool.size
+
+    @property
+    def k(self) -> list[torch.Tensor]:
+        return [getattr(self.module, f"k{i}") for i in range(self.layers)]
+
+    @property
+    def v(self) -> list[torch.Tensor]:
+        return [getattr(self.module, f"v{i}") for i in range(self.layers)]
+
+
+class DecodeStep(nn.Module):
+    """The exported step: the model's forward over flat tensors (``DecodeInputs``' fields)."""
+
+    def __init__(self, runner: ModelRunner) -> None:
+        super().__init__()
+        self.model, self.kv = runner.model, nn.Module()
+        pool = _PoolBuffers(self.kv, runner.kv_pool)
+        self.attention = DecodeAttention(pool, runner.backend.scale)
+
+    def forward(
+        self, input_ids, positions, logits_indices, out_cache_loc, token_slot, kv_index, key_mask
+    ) -> torch.Tensor:
+        inputs = DecodeInputs(input_ids, positions, logits_indices, out_cache_loc, token_slot,
+                              kv_index, key_mask)  # fmt: skip
+        return self.model(inputs, self.attention)
+
+
+def export(step: DecodeStep, graph: str, runner: ModelRunner) -> torch.export.ExportedProgram:
+    """``graph`` over any context length (and, for ``decode``, any number of requests)."""
+    example = scratch_inputs([1] if graph == "1" else [1, 1, 1])
+    ctx = torch.export.Dim("L", min=2, max=runner.context_len + 1)
+    if graph == "1":
+        per_token, kv_index, key_mask = None, {1: ctx}, {2: ctx}
+    else:
+        reqs = torch.export.Dim("R", min=2, max=max(runner.req_pool.table.shape[0], 3))
+        per_token, kv_index, key_mask = {0: reqs}, {0: reqs, 1: ctx}, {0: reqs, 2: ctx}
+    shapes = (per_token,) * 5 + (kv_index, key_mask)
+    with torch.inference_mode():
+        return torch.export.export(
+            step, dataclasses.astuple(example), dynamic_shapes=shapes, strict=False
+        )
+
+
+def constant_sources(
+    names: list[str], program: torch.export.ExportedProgram, runner: ModelRunner
+) -> dict[str, str]:
+    """Each package constant's source (``aot_graphs.constant_value``): a model tensor, a KV
+    pool layer, a rotary table (lifted by export), else a constant inductor made (the group
+    size of the int4 matmul's lowering; the check proves it)."""
+    tables = {t.data_ptr(): i for i, t in enumerate(runner.model.rotary._table)}
+    # NOTE: export names the tensors it lifts "...lifted_tensor_<i>", inductor "_tensor_constant<i>"
+    lifted = {name.rpartition("lifted_tensor_")[2]: t
+              for name, t in program.constants.items() if "lifted_tensor_" in name}  # fmt: skip
+    sources = {}
+    for name in names:
+        if name.startswith("model."):
+            sources[name] = f"model:{name.removeprefix('model.')}"
+        elif name.startswith(("kv.k", "kv.v")):
+            sources[name] = f"{name[3]}:{name[4:]}"
+        elif name.startswith("_tensor_constant"):
+            index = name.removeprefix("_tensor_constant")
+            sources[name] = f"rotary:{tables[lifted[index].data_ptr()]}"
+        else:
+            sources[name] = f"int:{GROUP}"
+    return sources
+
+
+def check(graph: str, package: object, runner: ModelRunner) -> None:
+    """Two decode steps of ``CHECK_REQUESTS[graph]`` requests (the second reading the KV the
+    first wrote) through the package, against each request's steps run eagerly alone (the
+    float32 attention the graphs compute; an eager batch attends in bf16): finite logits whose
+    mean difference is within 5% of their spread. A constant given the wrong tensor is off by
+    about the spread itself."""
+    reqs, table = CHECK_REQUESTS[graph], runner.req_pool.table
+
+    def steps(requests: list[int], base: int, run) -> list[torch.Tensor]:
+        for i, r in enumerate(requests):
+            table[i, :3] = torch.tensor([0, base + 2 * r, base + 2 * r + 1])
+        out = []
+        for pos in (1, 2):
+            batch = ForwardBatch.build(
+                input_ids=[7 + 11 * r + pos for r in requests], prefix_lens=[pos] * len(requests),
+                extend_lens=[1] * len(requests), req_slots=list(range(len(requests))),
+                out_cache_loc=table[: len(requests), pos].clone(),
+                logits_indices=list(range(len(requests))), req_to_token=table,
+            )  # fmt: skip
+            out.append(run(batch))
+        return out
+
+    with torch.inference_mode():
+        alone = [steps([r], 1, runner.forward) for r in range(reqs)]
+        compiled = steps(list(range(reqs)), 1 + 2 * reqs, lambda b: run_package(package, b))
+    for step, logits in enumerate(compiled):
+        eager = torch.cat([a[step] for a in alone])
+        off = (logits - eager).abs().mean(-1)
+        if not logits.isfinite().all() or (off > 0.05 * eager.std(-1)).any():
+            raise RuntimeError(f"graph {graph}: logits off the eager step's by {off.tolist()}")
+
+
+def main(spec_path: str) -> None:
+    directory = Path(spec_path).parent
+    args = ServerArgs(**json.loads(Path(spec_path).read_text()), disable_cpu_compile=True)
+    runner = ModelRunner(args)
+    step = DecodeStep(runner).eval()
+    import torch._inductor.config as inductor
+
+    inductor.compile_threads = 1  # NOTE: one core; the server goes on serving on the other
+    options = {"aot_inductor.package_constants_in_so": False, "emulate_precision_casts": True}
+    constants = {}
+    for graph in GRAPHS:
+        program = export(step, graph, runner)
+        staged = str(directory / f"{graph}.staged.pt2")
+        torch._inductor.aoti_compile_and_package(program, package_path=staged,
+                                                 inductor_configs=options)  # fmt: skip
+        names = torch._C._aoti.AOTIModelPackageLoader(staged, "model", False, 1, -1)
+        constants[graph] = constant_sources(names.get_constant_fqns(), program, runner)
+        check(graph, load_package(Path(staged), constants[graph], runner.model, runner.kv_pool),
+              runner)  # fmt: skip
+        print(f"compiled and checked graph {graph}", flush=True)
+    (directory / CONSTANTS_FILE).write_text(json.dumps(constants))
+    for graph in GRAPHS:
+        os.replace(directory / f"{graph}.staged.pt2", directory / f"{graph}.pt2")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

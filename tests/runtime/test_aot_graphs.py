@@ -1,0 +1,117 @@
+"""Ahead-of-time compiled decode steps of ``low_memory`` servers (executor/aot_graphs.py): the
+same greedy tokens and logits (within bf16 rounding) as the eager steps, for one request and
+batches; packages reused from disk by a later process, which never imports torch's compiler;
+a broken package leaves the steps eager with the reason in the status."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.executor import aot_graphs
+from radixlm.runtime.executor.aot_graphs import AotGraphs
+from radixlm.runtime.executor.model_runner import ModelRunner
+from radixlm.runtime.models.quant import int4_available
+from radixlm.runtime.models.quant_head import int8_head_available
+from tests.runtime.test_cpu_compile import decode_logits
+
+pytestmark = [
+    pytest.mark.timeout(900),
+    pytest.mark.skipif(
+        not (int4_available() and int8_head_available() and aot_graphs.available()),
+        reason="torch lacks the int4/int8 kernels or AOTInductor",
+    ),
+]
+
+
+def low_memory_runner(model_path: str) -> ModelRunner:
+    return ModelRunner(ServerArgs(model_path=model_path, dtype="bfloat16", low_memory=True,
+                                  max_total_tokens=1024, disable_cpu_compile=False))  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def aot_cache(tmp_path_factory):
+    """A cache of its own for this module's packages (children inherit it)."""
+    path = str(tmp_path_factory.mktemp("aot-cache"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RADIXLM_CACHE", path)
+        yield path
+
+
+@pytest.fixture(scope="module")
+def compiled(tiny_llama, aot_cache) -> ModelRunner:
+    runner = low_memory_runner(tiny_llama)
+    assert isinstance(runner.cpu_graphs, AotGraphs) and runner.cpu_compile_status == "compiling"
+    assert runner.cpu_graphs.wait(800), "compiling took over 13 minutes"
+    assert runner.cpu_compile_status == "ready", runner.cpu_compile_status
+    return runner
+
+
+def test_compiled_decode_matches_eager(compiled):
+    graphs = compiled.cpu_graphs
+    for rows in ([0], [0, 1, 2], list(range(12))):
+        aot = decode_logits(compiled, rows, steps=6)
+        graphs.ready.clear()  # NOTE: the same steps again, eagerly
+        eager = decode_logits(compiled, rows, steps=6)
+        graphs.ready.update(aot_graphs.GRAPHS)
+        for a, e in zip(aot, eager):
+            assert torch.equal(a.argmax(-1), e.argmax(-1))
+            torch.testing.assert_close(a, e, atol=5e-2, rtol=5e-2)
+
+
+def test_steps_the_graphs_do_not_take_run_eagerly(compiled):
+    from radixlm.runtime.executor.forward_batch import ForwardBatch
+
+    table = compiled.req_pool.table
+    table[0, :4] = torch.arange(300, 304)
+    prefill = ForwardBatch.build(
+        input_ids=[5, 6, 7], prefix_lens=[0], extend_lens=[3], req_slots=[0],
+        out_cache_loc=table[0, :3], logits_indices=[2], req_to_token=table,
+    )  # fmt: skip
+    verify = ForwardBatch.build(
+        input_ids=[7, 8], prefix_lens=[2], extend_lens=[2], req_slots=[0],
+        out_cache_loc=table[0, 2:4], logits_indices=[0, 1], req_to_token=table,
+    )  # fmt: skip
+    assert not compiled.cpu_graphs.can_run(prefill)
+    assert not compiled.cpu_graphs.can_run(verify)
+
+
+def test_a_later_process_loads_the_packages_without_the_compiler(compiled, tiny_llama):
+    directory = compiled.cpu_graphs.dir
+    log_time = os.stat(directory / "compile.log").st_mtime_ns
+    script = f"""
+import sys, time, torch
+from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.executor.model_runner import ModelRunner
+r = ModelRunner(ServerArgs(model_path={tiny_llama!r}, dtype="bfloat16", low_memory=True,
+                           max_total_tokens=1024, disable_cpu_compile=False))
+start = time.perf_counter()
+assert r.cpu_graphs.wait(120), "loading took over 2 minutes"
+print(r.cpu_compile_status, str(r.cpu_graphs.dir), time.perf_counter() - start,
+      any(m.startswith(("torch._dynamo", "torch._inductor")) for m in sys.modules))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=300, check=True).stdout.split()  # fmt: skip
+    assert out[:2] == ["ready", str(directory)] and out[3] == "False", out
+    assert os.stat(directory / "compile.log").st_mtime_ns == log_time  # NOTE: no compile
+
+
+def test_a_broken_package_leaves_the_steps_eager(compiled, tiny_llama, aot_cache, tmp_path):
+    constants = json.loads((compiled.cpu_graphs.dir / aot_graphs.CONSTANTS_FILE).read_text())
+    runner = low_memory_runner(tiny_llama)
+    graphs = runner.cpu_graphs
+    graphs.dir = tmp_path  # NOTE: a copy of the packages whose "decode" one is truncated
+    (tmp_path / aot_graphs.CONSTANTS_FILE).write_text(json.dumps(constants))
+    for graph in aot_graphs.GRAPHS:
+        data = (compiled.cpu_graphs.dir / f"{graph}.pt2").read_bytes()
+        (tmp_path / f"{graph}.pt2").write_bytes(data if graph == "1" else data[:1000])
+    assert graphs.wait(120)
+    assert graphs.status.startswith("failed: ") and "decode" not in graphs.ready
+    rows = decode_logits(runner, [0, 1], steps=2)  # NOTE: decode batches run eagerly
+    assert all(r.shape[0] == 2 for r in rows)
