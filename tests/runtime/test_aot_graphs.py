@@ -46,10 +46,24 @@ def aot_cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def compiled(tiny_llama, aot_cache) -> ModelRunner:
-    runner = low_memory_runner(tiny_llama)
+    """A runner whose graphs compiled, started beside a second one with the same key: that one
+    waits for the compile and loads its packages instead of compiling them again."""
+    calls, compile_packages = [], aot_graphs.compile_packages
+
+    def counted(*args):
+        calls.append(args)
+        compile_packages(*args)
+
+    runner, twin = low_memory_runner(tiny_llama), low_memory_runner(tiny_llama)
     assert isinstance(runner.cpu_graphs, AotGraphs) and runner.cpu_compile_status == "compiling"
-    assert runner.cpu_graphs.wait(800), "compiling took over 13 minutes"
-    assert runner.cpu_compile_status == "ready", runner.cpu_compile_status
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(aot_graphs, "compile_packages", counted)
+        runner.cpu_graphs.start()
+        twin.cpu_graphs.start()
+        assert runner.cpu_graphs.wait(800), "compiling took over 13 minutes"
+        assert twin.cpu_graphs.wait(60)
+    assert runner.cpu_compile_status == twin.cpu_compile_status == "ready"
+    assert len(calls) == 1 and runner.cpu_graphs.dir == twin.cpu_graphs.dir
     return runner
 
 
@@ -115,3 +129,12 @@ def test_a_broken_package_leaves_the_steps_eager(compiled, tiny_llama, aot_cache
     assert graphs.status.startswith("failed: ") and "decode" not in graphs.ready
     rows = decode_logits(runner, [0, 1], steps=2)  # NOTE: decode batches run eagerly
     assert all(r.shape[0] == 2 for r in rows)
+
+
+def test_the_compile_loads_the_model_and_pool_this_process_loaded(aot_cache):
+    """No model path (the embedded model) and no pool size (sized from RAM): the compile
+    gets the resolved ones."""
+    runner = ModelRunner(ServerArgs(dtype="bfloat16", low_memory=True, disable_cpu_compile=False))
+    args = runner.cpu_graphs.compile_args
+    assert args.model_path == runner.model_path and os.path.isfile(args.model_path)
+    assert args.max_total_tokens == runner.max_total_tokens == runner.kv_pool.size

@@ -145,7 +145,7 @@ class ModelRunner:
             count = apply_int4_decode(self.model, weights_once=args.low_memory)
             if args.low_memory:
                 logger.info("low_memory: weights held once, int4 in %d layers, int8 head and "
-                            "embedding; steps run eagerly", count)  # fmt: skip
+                            "embedding", count)  # fmt: skip
             else:
                 logger.info("int4 weight copies for decode steps of <= %d tokens: %d layers",
                             MAX_INT4_ROWS, count)  # fmt: skip
@@ -197,8 +197,11 @@ class ModelRunner:
         if self.attention_backend_name != "torch":
             return None
         if args.low_memory:
-            return AotGraphs(args, self.model, self.kv_pool, self.max_total_tokens) \
-                if aot_graphs.available() else None  # fmt: skip
+            if not aot_graphs.available():
+                return None
+            # NOTE: the compile loads what this process loaded, into a pool of the same size
+            args = args.replace(model_path=self.model_path, max_total_tokens=self.max_total_tokens)
+            return AotGraphs(args, self.model, self.kv_pool)
         return CpuGraphRunner(self.model, DecodeAttention(self.kv_pool, self.backend.scale))
 
     @property
