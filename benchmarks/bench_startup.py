@@ -39,16 +39,22 @@ PROMPT = "Here is a long list of animals, one per line:\n1. cat\n2. dog\n3."
 
 
 def tree_rss(pid: int) -> int:
-    """Bytes resident in ``pid`` and all its descendants (from /proc)."""
+    """Bytes resident in ``pid`` and all its descendants (from /proc; every thread's children:
+    the scheduler starts its compile process from a thread)."""
     total, stack = 0, [pid]
     while stack:
         p = stack.pop()
         total += rss_bytes(p) or 0
         try:
-            with open(f"/proc/{p}/task/{p}/children") as f:
-                stack.extend(int(c) for c in f.read().split())
+            tasks = os.listdir(f"/proc/{p}/task")
         except OSError:
             continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    stack.extend(int(c) for c in f.read().split())
+            except OSError:
+                continue
     return total
 
 

@@ -35,64 +35,56 @@ from radixlm.runtime.models.quant import GROUP
 CHECK_REQUESTS = {"1": 1, "decode": 3}  # requests in the check's steps, per graph
 
 
-class _PoolBuffers(KVPool):
-    """The KV pool's tensors read through a module's buffers: export sees the step write
-    buffers (the package then writes the tensors it is loaded with), not constants."""
+class _PoolView(KVPool):
+    """A KV pool over a step's pool inputs (one tensor per layer for K and for V)."""
 
-    def __init__(self, module: nn.Module, pool: KVPool) -> None:
-        for i, (k, v) in enumerate(zip(pool.k, pool.v)):
-            module.register_buffer(f"k{i}", k, persistent=False)
-            module.register_buffer(f"v{i}", v, persistent=False)
-        self.module, self.layers, self.dtype, self.size = module, len(pool.k), pool.dtype, pool.size
-
-    @property
-    def k(self) -> list[torch.Tensor]:
-        return [getattr(self.module, f"k{i}") for i in range(self.layers)]
-
-    @property
-    def v(self) -> list[torch.Tensor]:
-        return [getattr(self.module, f"v{i}") for i in range(self.layers)]
+    def __init__(self, k: list[torch.Tensor], v: list[torch.Tensor], dtype: torch.dtype) -> None:
+        self.k, self.v, self.dtype, self.size = k, v, dtype, k[0].shape[0] - 1
 
 
 class DecodeStep(nn.Module):
-    """The exported step: the model's forward over flat tensors (``DecodeInputs``' fields)."""
+    """The exported step: the model's forward over flat tensors (``DecodeInputs``' fields),
+    then the KV pool's layers. The pool is an input, not a constant, so the package serves a
+    pool of any size, writes the pool it is given, and the compile never copies it."""
 
     def __init__(self, runner: ModelRunner) -> None:
         super().__init__()
-        self.model, self.kv = runner.model, nn.Module()
-        pool = _PoolBuffers(self.kv, runner.kv_pool)
-        self.attention = DecodeAttention(pool, runner.backend.scale)
+        self.model, self.scale, self.dtype = runner.model, runner.backend.scale, runner.dtype
 
     def forward(
-        self, input_ids, positions, logits_indices, out_cache_loc, token_slot, kv_index, key_mask
-    ) -> torch.Tensor:
+        self, input_ids, positions, logits_indices, out_cache_loc, token_slot, kv_index, key_mask,
+        k_pool: list[torch.Tensor], v_pool: list[torch.Tensor],
+    ) -> torch.Tensor:  # fmt: skip
         inputs = DecodeInputs(input_ids, positions, logits_indices, out_cache_loc, token_slot,
                               kv_index, key_mask)  # fmt: skip
-        return self.model(inputs, self.attention)
+        attention = DecodeAttention(_PoolView(k_pool, v_pool, self.dtype), self.scale)
+        return self.model(inputs, attention)
 
 
 def export(step: DecodeStep, graph: str, runner: ModelRunner) -> torch.export.ExportedProgram:
-    """``graph`` over any context length (and, for ``decode``, any number of requests)."""
+    """``graph`` over any context length and pool size (and, for ``decode``, any number of
+    requests)."""
     example = scratch_inputs([1] if graph == "1" else [1, 1, 1])
     ctx = torch.export.Dim("L", min=2, max=runner.context_len + 1)
+    slots = torch.export.Dim("S", min=2, max=1 << 40)
     if graph == "1":
         per_token, kv_index, key_mask = None, {1: ctx}, {2: ctx}
     else:
         reqs = torch.export.Dim("R", min=2, max=max(runner.req_pool.table.shape[0], 3))
         per_token, kv_index, key_mask = {0: reqs}, {0: reqs, 1: ctx}, {0: reqs, 2: ctx}
-    shapes = (per_token,) * 5 + (kv_index, key_mask)
+    pool = [{0: slots}] * len(runner.kv_pool.k)
+    shapes = ((per_token,) * 5 + (kv_index, key_mask, pool, pool))
+    inputs = (*dataclasses.astuple(example), runner.kv_pool.k, runner.kv_pool.v)
     with torch.inference_mode():
-        return torch.export.export(
-            step, dataclasses.astuple(example), dynamic_shapes=shapes, strict=False
-        )
+        return torch.export.export(step, inputs, dynamic_shapes=shapes, strict=False)
 
 
 def constant_sources(
     names: list[str], program: torch.export.ExportedProgram, runner: ModelRunner
 ) -> dict[str, str]:
-    """Each package constant's source (``aot_graphs.constant_value``): a model tensor, a KV
-    pool layer, a rotary table (lifted by export), else a constant inductor made (the group
-    size of the int4 matmul's lowering; the check proves it)."""
+    """Each package constant's source (``aot_graphs.constant_value``): a model tensor, a
+    rotary table (lifted by export), else a constant inductor made (the group size of the int4
+    matmul's lowering; the check proves it)."""
     tables = {t.data_ptr(): i for i, t in enumerate(runner.model.rotary._table)}
     # NOTE: export names the tensors it lifts "...lifted_tensor_<i>", inductor "_tensor_constant<i>"
     lifted = {name.rpartition("lifted_tensor_")[2]: t
@@ -101,8 +93,6 @@ def constant_sources(
     for name in names:
         if name.startswith("model."):
             sources[name] = f"model:{name.removeprefix('model.')}"
-        elif name.startswith(("kv.k", "kv.v")):
-            sources[name] = f"{name[3]}:{name[4:]}"
         elif name.startswith("_tensor_constant"):
             index = name.removeprefix("_tensor_constant")
             sources[name] = f"rotary:{tables[lifted[index].data_ptr()]}"
@@ -135,7 +125,8 @@ def check(graph: str, package: object, runner: ModelRunner) -> None:
 
     with torch.inference_mode():
         alone = [steps([r], 1, runner.forward) for r in range(reqs)]
-        compiled = steps(list(range(reqs)), 1 + 2 * reqs, lambda b: run_package(package, b))
+        compiled = steps(list(range(reqs)), 1 + 2 * reqs,
+                         lambda batch: run_package(package, batch, runner.kv_pool))  # fmt: skip
     for step, logits in enumerate(compiled):
         eager = torch.cat([a[step] for a in alone])
         off = (logits - eager).abs().mean(-1)
@@ -161,8 +152,7 @@ def main(spec_path: str) -> None:
                                                  inductor_configs=options)  # fmt: skip
         names = torch._C._aoti.AOTIModelPackageLoader(staged, "model", False, 1, -1)
         constants[graph] = constant_sources(names.get_constant_fqns(), program, runner)
-        check(graph, load_package(Path(staged), constants[graph], runner.model, runner.kv_pool),
-              runner)  # fmt: skip
+        check(graph, load_package(Path(staged), constants[graph], runner.model), runner)
         print(f"compiled and checked graph {graph}", flush=True)
     (directory / CONSTANTS_FILE).write_text(json.dumps(constants))
     for graph in GRAPHS:

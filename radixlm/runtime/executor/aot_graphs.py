@@ -9,8 +9,9 @@ to check at every step (SmolLM2 here: single stream 87.6 tok/s against ~40 eager
 ``torch.compile``; the scheduler idles at ~420 MB either way).
 
 A package holds code, not weights: it is loaded with the scheduler's own tensors (the model's
-parameters and buffers, the KV pool, the rotary tables) as user-managed constants, so nothing
-is copied and the KV writes land in the pool. Which tensor each of the package's constants is
+parameters and buffers, the rotary tables) as user-managed constants, so nothing is copied;
+the KV pool's layers are inputs of every step (of any size; the step writes its K and V into
+them). Which tensor each of the package's constants is
 comes from the ``constants.json`` the compile wrote beside it (the compile checked it: it ran
 the package against the eager step before publishing it).
 
@@ -108,7 +109,7 @@ class AotGraphs:
         return True
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        return run_package(self._loaders[graph_of(batch)], batch)
+        return run_package(self._loaders[graph_of(batch)], batch, self.kv_pool)
 
     def _prepare(self) -> None:
         start = time.perf_counter()
@@ -123,7 +124,7 @@ class AotGraphs:
             constants = json.loads((self.dir / CONSTANTS_FILE).read_text())
             for graph in GRAPHS:
                 self._loaders[graph] = load_package(
-                    self.dir / f"{graph}.pt2", constants[graph], self.model, self.kv_pool
+                    self.dir / f"{graph}.pt2", constants[graph], self.model
                 )
                 self.compile_s[graph] = round(time.perf_counter() - start, 1)
                 self.ready.add(graph)
@@ -181,34 +182,28 @@ def compile_packages(args: ServerArgs, directory: Path) -> None:
         raise RuntimeError(f"compile failed ({log}): {(errors or lines or [code])[-1]}")
 
 
-def load_package(
-    path: Path, constants: dict[str, str], model: torch.nn.Module, kv_pool: KVPool
-) -> object:
+def load_package(path: Path, constants: dict[str, str], model: torch.nn.Module) -> object:
     """The package's runner, over the scheduler's own tensors (``constants``: each constant's
     source, as ``aot_compile.constant_sources`` named it)."""
     tensors = dict(model.named_parameters(remove_duplicate=False))
     tensors.update(model.named_buffers(remove_duplicate=False))
-    values = {name: constant_value(source, tensors, model, kv_pool)
-              for name, source in constants.items()}  # fmt: skip
+    values = {name: constant_value(source, tensors, model) for name, source in constants.items()}
     loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
     # NOTE: user-managed: the runner reads and writes these tensors, it keeps no copy
     loader.load_constants(values, False, True, True)
     return loader
 
 
-def run_package(package: object, batch: ForwardBatch) -> torch.Tensor:
-    """Logits ``[T, vocab]`` of a decode step, from a loaded package."""
-    return package.run(list(dataclasses.astuple(decode_inputs(batch))))[0]
+def run_package(package: object, batch: ForwardBatch, kv_pool: KVPool) -> torch.Tensor:
+    """Logits ``[T, vocab]`` of a decode step, from a loaded package (which writes the step's
+    K and V into ``kv_pool``)."""
+    return package.run([*dataclasses.astuple(decode_inputs(batch)), *kv_pool.k, *kv_pool.v])[0]
 
 
-def constant_value(
-    source: str, tensors: dict[str, torch.Tensor], model: torch.nn.Module, kv_pool: KVPool
-) -> torch.Tensor:
+def constant_value(source: str, tensors: dict[str, torch.Tensor], model: torch.nn.Module):
     kind, _, what = source.partition(":")
     if kind == "model":
         return tensors[what]
-    if kind in ("k", "v"):
-        return getattr(kv_pool, kind)[int(what)]
     if kind == "rotary":
         return model.rotary._table[int(what)]
     if kind == "int":
