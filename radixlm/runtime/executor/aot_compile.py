@@ -3,10 +3,10 @@ scheduler (aot_graphs): ``python -m radixlm.runtime.executor.aot_compile DIR/arg
 
 The model loads as the scheduler's does; each graph is the model's own ``forward`` over
 :class:`DecodeInputs` with :class:`DecodeAttention`, exported with ``torch.export`` (the KV
-pool as buffers the step writes, so the package writes the tensors it is given) and compiled
-by AOTInductor into ``DIR/<graph>.pt2`` without its constants. ``DIR/constants.json`` names
-each constant's source for the loader; before anything is published the package runs two
-decode steps against the eager ones (same greedy tokens, logits within bf16 rounding).
+pool's layers as inputs the step writes) and compiled by AOTInductor into ``DIR/<graph>.pt2``
+without its constants. ``DIR/constants.json`` names each constant's source for the loader;
+nothing is published before each package ran two decode steps close to the eager ones
+(``check``).
 """
 
 from __future__ import annotations

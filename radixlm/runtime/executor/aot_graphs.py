@@ -34,7 +34,6 @@ import logging
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -42,8 +41,12 @@ import torch
 
 from radixlm.runtime import threads
 from radixlm.runtime.config import ServerArgs
-from radixlm.runtime.executor.attention.torch_backend import MIN_SHARED_PREFIX, shared_prefix_len
-from radixlm.runtime.executor.cpu_graph_runner import MAX_ROWS, decode_inputs
+from radixlm.runtime.executor.cpu_graph_runner import (
+    MAX_ROWS,
+    BackgroundGraphs,
+    decode_inputs,
+    shares_long_prefix,
+)
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.loader.text_tokenizer import cache_root
 from radixlm.runtime.mem_cache.memory_pool import KVPool
@@ -69,49 +72,29 @@ def graph_of(batch: ForwardBatch) -> str | None:
     return "1" if tokens == 1 else "decode"
 
 
-class AotGraphs:
-    """The ahead-of-time compiled decode graphs of one model (see module)."""
+class AotGraphs(BackgroundGraphs):
+    """The ahead-of-time compiled decode graphs of one model (see module); ``start`` loads
+    them, compiling them first in a child process if they are not on disk."""
+
+    graphs = GRAPHS
 
     def __init__(self, args: ServerArgs, model: torch.nn.Module, kv_pool: KVPool) -> None:
         """``args``: the model's resolved path, the pool's resolved size."""
+        super().__init__("aot-graphs")
         self.model, self.kv_pool, self.compile_args = model, kv_pool, args
         self.dir = package_dir(args)
-        self.ready: set[str] = set()
-        self.compile_s: dict[str, float] = {}
-        self.error: str | None = None
         self._loaders: dict[str, object] = {}
-        self._thread = threading.Thread(target=self._prepare, name="aot-graphs", daemon=True)
-
-    def start(self) -> None:
-        """Load the packages, compiling them first in a child process if they are not on disk
-        (in the background; steps run eagerly until then)."""
-        if self._thread.ident is None:
-            self._thread.start()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        self.start()
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
-
-    @property
-    def status(self) -> str:
-        if self.error is not None:
-            return f"failed: {self.error}"
-        return "ready" if len(self.ready) == len(GRAPHS) else "compiling"
 
     def can_run(self, batch: ForwardBatch) -> bool:
         graph = graph_of(batch)
         if graph not in self.ready:
             return False
-        if batch.input_ids.shape[0] > MAX_ROWS:  # NOTE: a long shared prefix runs cascaded
-            kv_index = batch.req_to_token[batch.req_slots, : min(batch.seq_lens_list)]
-            return shared_prefix_len(kv_index) < MIN_SHARED_PREFIX
-        return True
+        return batch.input_ids.shape[0] <= MAX_ROWS or not shares_long_prefix(batch)
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         return run_package(self._loaders[graph_of(batch)], batch, self.kv_pool)
 
-    def _prepare(self) -> None:
+    def _make(self) -> None:
         start = time.perf_counter()
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -129,9 +112,7 @@ class AotGraphs:
                 self.compile_s[graph] = round(time.perf_counter() - start, 1)
                 self.ready.add(graph)
         except Exception as e:  # noqa: BLE001  (eager steps go on; the reason is reported)
-            self.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            logger.warning("ahead-of-time decode graphs unavailable, steps stay eager: %s",
-                           self.error)  # fmt: skip
+            self._failed(e, "ahead-of-time decode graphs unavailable")
             return
         logger.info("ahead-of-time decode graphs ready in %.1f s (%s)",
                     time.perf_counter() - start, self.dir)  # fmt: skip

@@ -97,28 +97,61 @@ class DecodeAttention:
         return out.to(q.dtype).reshape(reqs * per_req, heads, dim)[batch.token_slot]
 
 
-class CpuGraphRunner:
-    """The compiled decode graphs of one model (see module); ``forward`` for batches that
-    ``can_run``."""
+class BackgroundGraphs:
+    """Graphs made on a background thread (``_make``) while steps run eagerly; ``ready`` holds
+    the names of those made, ``status`` says ``compiling``, ``ready`` or why it failed."""
 
-    def __init__(self, model: torch.nn.Module, attention: DecodeAttention) -> None:
-        self.model, self.attention = model, attention
-        self.compiled = self._lookup = None  # NOTE: made on the thread: dynamo imports slowly
+    graphs: tuple[str, ...] | dict[str, list[int]]
+
+    def __init__(self, thread_name: str) -> None:
         self.ready: set[str] = set()
         self.compile_s: dict[str, float] = {}
         self.error: str | None = None
-        self._thread = threading.Thread(target=self._compile_all, name="cpu-compile", daemon=True)
+        self._thread = threading.Thread(target=self._make, name=thread_name, daemon=True)
 
     def start(self) -> None:
-        """Start compiling in the background (once); steps run eagerly until then."""
+        """Start making the graphs in the background (once); steps run eagerly until then."""
         if self._thread.ident is None:
             self._thread.start()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Start if needed and block until every graph is made (or failed); False on timeout."""
+        self.start()
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     @property
     def status(self) -> str:
         if self.error is not None:
             return f"failed: {self.error}"
-        return "ready" if len(self.ready) == len(GRAPHS) else "compiling"
+        return "ready" if len(self.ready) == len(self.graphs) else "compiling"
+
+    def _make(self) -> None:
+        raise NotImplementedError
+
+    def _failed(self, e: Exception, what: str) -> None:
+        """Record why (eager steps go on)."""
+        self.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        logger.warning("%s, steps stay eager: %s", what, self.error)
+
+
+def shares_long_prefix(batch: ForwardBatch) -> bool:
+    """Whether a batch's requests share ``MIN_SHARED_PREFIX`` KV slots or more: the eager
+    backend reads such a prefix once (cascade), a graph reads every request's KV in full."""
+    kv_index = batch.req_to_token[batch.req_slots, : min(batch.seq_lens_list)]
+    return shared_prefix_len(kv_index) >= MIN_SHARED_PREFIX
+
+
+class CpuGraphRunner(BackgroundGraphs):
+    """The compiled decode graphs of one model (see module); ``forward`` for batches that
+    ``can_run``."""
+
+    graphs = GRAPHS
+
+    def __init__(self, model: torch.nn.Module, attention: DecodeAttention) -> None:
+        super().__init__("cpu-compile")
+        self.model, self.attention = model, attention
+        self.compiled = self._lookup = None  # NOTE: made on the thread: dynamo imports slowly
 
     def can_run(self, batch: ForwardBatch) -> bool:
         """A step whose tokens all need logits (decode, verify) and whose graph is compiled:
@@ -129,10 +162,7 @@ class CpuGraphRunner:
             return False
         if not torch.equal(batch.logits_indices, torch.arange(tokens)):
             return False
-        if graph == "batch":
-            kv_index = batch.req_to_token[batch.req_slots, : min(batch.seq_lens_list)]
-            return shared_prefix_len(kv_index) < MIN_SHARED_PREFIX
-        return True
+        return graph != "batch" or not shares_long_prefix(batch)
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Logits ``[T, vocab]`` of the step, from its compiled graph. The call only looks
@@ -144,13 +174,6 @@ class CpuGraphRunner:
 
     def inputs(self, batch: ForwardBatch) -> DecodeInputs:
         return decode_inputs(batch)
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Start compiling if needed and block until every graph compiled (or failed); False
-        on timeout."""
-        self.start()
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
 
     def _run(self, fn, inputs: DecodeInputs) -> torch.Tensor:
         torch._dynamo.maybe_mark_dynamic(inputs.kv_index, 1)
@@ -165,7 +188,7 @@ class CpuGraphRunner:
         return fn(inputs, self.attention)
 
     @torch.inference_mode()
-    def _compile_all(self) -> None:
+    def _make(self) -> None:
         import torch._inductor.config as inductor
 
         inductor.compile_threads = 1  # NOTE: no pool of compile processes beside the scheduler
@@ -185,8 +208,7 @@ class CpuGraphRunner:
             try:
                 self._run(self.compiled, scratch_inputs(extend_lens))
             except Exception as e:  # noqa: BLE001  (eager steps go on; the reason is reported)
-                self.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-                logger.warning("CPU decode compile failed, decode stays eager: %s", self.error)
+                self._failed(e, "CPU decode compile failed")
                 return
             self.compile_s[graph] = round(time.perf_counter() - start, 1)
             self.ready.add(graph)
