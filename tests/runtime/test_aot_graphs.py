@@ -138,3 +138,49 @@ def test_the_compile_loads_the_model_and_pool_this_process_loaded(aot_cache):
     args = runner.cpu_graphs.compile_args
     assert args.model_path == runner.model_path and os.path.isfile(args.model_path)
     assert args.max_total_tokens == runner.max_total_tokens == runner.kv_pool.size
+
+
+def test_a_compile_ends_with_the_process_that_started_it(tiny_llama, tmp_path):
+    """A scheduler killed during its first start (the compile running) leaves no compile."""
+    script = f"""
+import time
+from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.executor.model_runner import ModelRunner
+r = ModelRunner(ServerArgs(model_path={tiny_llama!r}, dtype="bfloat16", low_memory=True,
+                           max_total_tokens=1024, disable_cpu_compile=False))
+r.cpu_graphs.start()
+time.sleep(600)
+"""
+    env = {**os.environ, "RADIXLM_CACHE": str(tmp_path)}
+    parent = subprocess.Popen([sys.executable, "-c", script], env=env)
+    try:
+        child = _wait_for(lambda: _compile_pid(str(tmp_path)), 120)
+        assert child is not None, "the compile did not start"
+    finally:
+        parent.kill()
+        parent.wait()
+    assert _wait_for(lambda: not os.path.exists(f"/proc/{child}") or None, 30), child
+
+
+def _compile_pid(cache: str) -> int | None:
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if "radixlm.runtime.executor.aot_compile" in args and any(cache in a for a in args):
+            return int(pid)
+    return None
+
+
+def _wait_for(probe, timeout: float):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = probe()
+        if found:
+            return found
+        time.sleep(0.2)
+    return None

@@ -1,5 +1,6 @@
 """Compile a ``low_memory`` model's decode graphs ahead of time, in a child process of the
-scheduler (aot_graphs): ``python -m radixlm.runtime.executor.aot_compile DIR/args.json``.
+scheduler (aot_graphs): ``python -m radixlm.runtime.executor.aot_compile DIR/args.json PID``
+(PID: the scheduler's).
 
 The model loads as the scheduler's does; each graph is the model's own ``forward`` over
 :class:`DecodeInputs` with :class:`DecodeAttention`, exported with ``torch.export`` (the KV
@@ -11,9 +12,12 @@ nothing is published before each package ran two decode steps close to the eager
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import dataclasses
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -33,6 +37,7 @@ from radixlm.runtime.mem_cache.memory_pool import KVPool
 from radixlm.runtime.models.quant import GROUP
 
 CHECK_REQUESTS = {"1": 1, "decode": 3}  # requests in the check's steps, per graph
+PR_SET_PDEATHSIG = 1
 
 
 class _PoolView(KVPool):
@@ -134,7 +139,18 @@ def check(graph: str, package: object, runner: ModelRunner) -> None:
             raise RuntimeError(f"graph {graph}: logits off the eager step's by {off.tolist()}")
 
 
-def main(spec_path: str) -> None:
+def _end_with_parent(parent: int) -> None:
+    """Have the kernel end this process when the scheduler that started it (``parent``) ends
+    (Linux's ``PR_SET_PDEATHSIG``): a server stopped during its first start leaves no compile
+    behind."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # NOTE: it ended before the call took effect
+        sys.exit(1)
+
+
+def main(spec_path: str, parent: int) -> None:
+    _end_with_parent(parent)
     os.nice(10)  # NOTE: the server goes on serving beside it
     directory = Path(spec_path).parent
     args = ServerArgs(**json.loads(Path(spec_path).read_text()), disable_cpu_compile=True)
@@ -160,4 +176,4 @@ def main(spec_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], int(sys.argv[2]))

@@ -5,15 +5,16 @@ imported modules and ~30 MB per compiled graph, which is why ``low_memory`` ran 
 eagerly (SmolLM2-135M: ~37 tok/s single stream). Here the decode graphs are exported and
 compiled by a child process (``aot_compile``) into packages on disk, and the scheduler loads
 each package's shared library with ``torch._C._aoti`` alone: no dynamo, no inductor, no guards
-to check at every step (SmolLM2 here: single stream 87.6 tok/s against ~40 eager and 70.8 with
-``torch.compile``; the scheduler idles at ~420 MB either way).
+to check at every step (SmolLM2 here, two bench_offline runs: single stream 87.6 and 72.9
+tok/s against 70.8 and 53.0 with ``torch.compile``, ~40 eager; the scheduler idles at ~420 MB
+either way).
 
 A package holds code, not weights: it is loaded with the scheduler's own tensors (the model's
 parameters and buffers, the rotary tables) as user-managed constants, so nothing is copied;
 the KV pool's layers are inputs of every step (of any size; the step writes its K and V into
-them). Which tensor each of the package's constants is
-comes from the ``constants.json`` the compile wrote beside it (the compile checked it: it ran
-the package against the eager step before publishing it).
+them). Which tensor each of the package's constants is comes from the ``constants.json`` the
+compile wrote beside it (the compile checked it: it ran the package against the eager steps
+before publishing it). The compile ends with the scheduler that started it.
 
 Two graphs: a single request's decode token (``"1"``) and a decode batch of any size
 (``"decode"``); the int4 layers serve every row count in ``low_memory``, so one graph covers
@@ -153,7 +154,8 @@ def compile_packages(args: ServerArgs, directory: Path) -> None:
     spec = directory / "args.json"
     spec.write_text(json.dumps(compile_spec(args)))
     log = directory / "compile.log"
-    command = [sys.executable, "-m", "radixlm.runtime.executor.aot_compile", str(spec)]
+    command = [sys.executable, "-m", "radixlm.runtime.executor.aot_compile", str(spec),
+               str(os.getpid())]  # fmt: skip
     with open(log, "w") as out:
         code = subprocess.call(command, stdout=out, stderr=subprocess.STDOUT,
                                env=threads.child_env(1))  # fmt: skip
