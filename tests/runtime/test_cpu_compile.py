@@ -42,6 +42,20 @@ def decode_logits(runner: ModelRunner, rows: list[int], steps: int) -> list[torc
     return out
 
 
+def assert_decode_matches_eager(runner: ModelRunner, tol: float) -> None:
+    """Decode steps of 1, 3 and 12 requests through ``runner``'s compiled graphs, then the same
+    steps eagerly: the same greedy tokens, logits within ``tol``."""
+    graphs = runner.cpu_graphs
+    for rows in ([0], [0, 1, 2], list(range(12))):
+        compiled = decode_logits(runner, rows, steps=6)
+        graphs.ready.clear()  # NOTE: the same steps again, eagerly
+        eager = decode_logits(runner, rows, steps=6)
+        graphs.ready.update(graphs.compile_s)
+        for c, e in zip(compiled, eager):
+            assert torch.equal(c.argmax(-1), e.argmax(-1))
+            torch.testing.assert_close(c, e, atol=tol, rtol=tol)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_compiled_decode_matches_eager(tiny_llama, dtype):
     runner = ModelRunner(ServerArgs(
@@ -51,14 +65,7 @@ def test_compiled_decode_matches_eager(tiny_llama, dtype):
     assert graphs is not None and graphs.wait(600), "compiling took over 10 minutes"
     assert runner.cpu_compile_status == "ready", runner.cpu_compile_status
     tol = 1e-4 if dtype == "float32" else 5e-2
-    for rows in ([0], [0, 1, 2], list(range(12))):
-        compiled = decode_logits(runner, rows, steps=6)
-        graphs.ready.clear()  # NOTE: the same steps again, eagerly
-        eager = decode_logits(runner, rows, steps=6)
-        graphs.ready.update(graphs.compile_s)
-        for c, e in zip(compiled, eager):
-            assert torch.equal(c.argmax(-1), e.argmax(-1))
-            torch.testing.assert_close(c, e, atol=tol, rtol=tol)
+    assert_decode_matches_eager(runner, tol)
     # NOTE: speculative verify steps (several tokens of a request, all with logits) of every
     # size up to 8 tokens; each must find its graph, not compile one
     for extends in ([1, 1], [3, 1], [4, 1], [4, 2], [4, 4]):

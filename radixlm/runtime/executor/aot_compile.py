@@ -25,7 +25,13 @@ import torch
 from torch import nn
 
 from radixlm.runtime.config import ServerArgs
-from radixlm.runtime.executor.aot_graphs import CONSTANTS_FILE, GRAPHS, load_package, run_package
+from radixlm.runtime.executor.aot_graphs import (
+    CONSTANTS_FILE,
+    GRAPHS,
+    bind_constants,
+    open_package,
+    run_package,
+)
 from radixlm.runtime.executor.cpu_graph_runner import (
     DecodeAttention,
     DecodeInputs,
@@ -166,9 +172,9 @@ def main(spec_path: str, parent: int) -> None:
         staged = str(directory / f"{graph}.staged.pt2")
         torch._inductor.aoti_compile_and_package(program, package_path=staged,
                                                  inductor_configs=options)  # fmt: skip
-        names = torch._C._aoti.AOTIModelPackageLoader(staged, "model", False, 1, -1)
-        constants[graph] = constant_sources(names.get_constant_fqns(), program, runner)
-        check(graph, load_package(Path(staged), constants[graph], runner.model), runner)
+        package = open_package(staged)
+        constants[graph] = constant_sources(package.get_constant_fqns(), program, runner)
+        check(graph, bind_constants(package, constants[graph], runner.model), runner)
         print(f"compiled and checked graph {graph}", flush=True)
     (directory / CONSTANTS_FILE).write_text(json.dumps(constants))
     for graph in GRAPHS:

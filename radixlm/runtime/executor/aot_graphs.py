@@ -107,9 +107,8 @@ class AotGraphs(BackgroundGraphs):
                     compile_packages(self.compile_args, self.dir)
             constants = json.loads((self.dir / CONSTANTS_FILE).read_text())
             for graph in GRAPHS:
-                self._loaders[graph] = load_package(
-                    self.dir / f"{graph}.pt2", constants[graph], self.model
-                )
+                package = open_package(self.dir / f"{graph}.pt2")
+                self._loaders[graph] = bind_constants(package, constants[graph], self.model)
                 self.compile_s[graph] = round(time.perf_counter() - start, 1)
                 self.ready.add(graph)
         except Exception as e:  # noqa: BLE001  (eager steps go on; the reason is reported)
@@ -165,16 +164,20 @@ def compile_packages(args: ServerArgs, directory: Path) -> None:
         raise RuntimeError(f"compile failed ({log}): {(errors or lines or [code])[-1]}")
 
 
-def load_package(path: Path, constants: dict[str, str], model: torch.nn.Module) -> object:
-    """The package's runner, over the scheduler's own tensors (``constants``: each constant's
-    source, as ``aot_compile.constant_sources`` named it)."""
+def open_package(path: Path | str) -> object:
+    """A package's runner, its constants not yet given (``bind_constants``)."""
+    return torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
+
+
+def bind_constants(package: object, constants: dict[str, str], model: torch.nn.Module) -> object:
+    """Give ``package`` the scheduler's own tensors (``constants``: each constant's source, as
+    ``aot_compile.constant_sources`` named it); returns it."""
     tensors = dict(model.named_parameters(remove_duplicate=False))
     tensors.update(model.named_buffers(remove_duplicate=False))
     values = {name: constant_value(source, tensors, model) for name, source in constants.items()}
-    loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
     # NOTE: user-managed: the runner reads and writes these tensors, it keeps no copy
-    loader.load_constants(values, False, True, True)
-    return loader
+    package.load_constants(values, False, True, True)
+    return package
 
 
 def run_package(package: object, batch: ForwardBatch, kv_pool: KVPool) -> torch.Tensor:
