@@ -2,18 +2,20 @@
 
 Only the processes that compute (the scheduler and the tensor-parallel ranks) get a thread pool;
 the detokenizer and the server do not import torch (with a tokenizer only transformers can load,
-they run it with one thread). By default the computing processes
-share the physical cores but one (left to the server and the detokenizer), at most 8 threads
-each, and idle OpenMP threads sleep instead of spinning: with spinning threads, one core taken by
-other work stalls every parallel region (on 2 cores a 2-thread greedy decode fell from 55 to
-2-16 tok/s), while sleeping ones only slow it down. On 2 cores one thread decodes fastest, idle
-(about 40 tok/s against 31 for two sleeping threads) and beside a busy core alike.
+they run it with one thread). By default the computing processes share the physical cores but
+one (left to the server and the detokenizer), at most 8 threads each; on 2 cores, one thread,
+which runs the compiled decode steps (``cpu_graph_runner``: compiled for that count; compiled
+for 2 threads and run on one they took twice as long).
 
-A single scheduler (no tensor parallelism) widens its pool to every core for the steps of
-``BIG_STEP_TOKENS`` tokens or more (long prefills), where the matrix products are large enough
-to split: a 788-token prefill of SmolLM2 took 0.95 s on 2 threads against 1.62 s on one, and
-with the other core busy, 1.59 s against 1.60 (sleeping threads: the half on the busy core just
-runs later). A thread count the user gives holds for every step.
+A lone scheduler (no tensor parallelism, no count from the user) runs its steps of
+``BIG_STEP_TOKENS`` tokens or more (prefills, decode batches of 24 requests and more) eagerly
+on every core, or on as many as other processes left free over the last ``LOAD_WINDOW_S``
+(``StepThreads``, ``OtherLoad``): with another process keeping one core busy, two threads
+collapse (SmolLM2, batch of 32: 32-132 tok/s against ~250 on one thread; each parallel region
+waits for the thread the OS put behind the busy process), so the pool follows the load.
+Idle OpenMP threads spin a short while (``SPIN_WAIT``), then sleep: threads that sleep at once
+(``OMP_WAIT_POLICY=PASSIVE``) pay a wake-up in each of a step's hundreds of short parallel
+regions (2 threads, batch of 32: 204-287 tok/s sleeping, 406-501 spinning briefly).
 """
 
 from __future__ import annotations
@@ -22,17 +24,24 @@ import contextlib
 import math
 import os
 import sys
+import time
 from collections.abc import Mapping
 
 MAX_DEFAULT_THREADS = 8
 USER_VARS = ("RADIXLM_NUM_THREADS", "OMP_NUM_THREADS")
-# NOTE: 2 threads against 1 on SmolLM2, one request's prefill: 64 tokens 1.3x slower, 128 even,
-# 256 1.0-1.3x faster, 512 1.1-1.5x, 788 1.7x (the spread is this machine's noise)
-BIG_STEP_TOKENS = 256
+# NOTE: SmolLM2, bf16, one process, ms per step on 1 thread / 2 threads (short spin): prefill of
+# 24 tokens 56 / 42, 64 tokens 122 / 73, 256 tokens 390 / 217; a decode batch of 16 requests
+# 47 (compiled) / 46-48 (eager), 24 requests 64-78 / 50-57, 32 requests 74-75 / 61-64
+BIG_STEP_TOKENS = 24
+# NOTE: how often the scheduler re-measures the other processes' load: a step or two of a
+# decode on the wrong count at most (a busy core slows a 2-thread step ~10x while it lasts),
+# and one /proc/stat read (~20 us) per window
+LOAD_WINDOW_S = 0.25
 # NOTE: libgomp (torch's OpenMP) reads these once, when it loads: they must be in a child's
-# environment before it imports torch. A wait setting the user made is kept.
+# environment before it imports torch. A wait setting the user made is kept. libgomp's own
+# default spins 300000 rounds (~ms) before sleeping; 5000 and 50000 gave the same speeds here.
 WAIT_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
-PASSIVE_WAIT = {"OMP_WAIT_POLICY": "PASSIVE"}
+SPIN_WAIT = {"GOMP_SPINCOUNT": "20000"}
 # NOTE: glibc gives each thread that allocates its own heap (up to 8 per core), and memory freed
 # there goes back to the OS far less readily than the main heap's: loading and quantising
 # SmolLM2 in one process (the tokenizer loads on a thread) ended at 665 MB and peaked at 836
@@ -59,38 +68,112 @@ def compute_threads(
     ``RADIXLM_NUM_THREADS`` variable, else ``OMP_NUM_THREADS``, else the physical cores but
     ``reserved_cores`` (by default one, for the server and the detokenizer), shared among
     ``processes`` (at most ``MAX_DEFAULT_THREADS``, at least 1)."""
+    if (chosen := user_threads(num_threads, environ)) is not None:
+        return chosen
+    spare = max(1, available_cores() - reserved_cores)
+    return max(1, min(spare // processes, MAX_DEFAULT_THREADS))
+
+
+def user_threads(num_threads: int | None, environ: Mapping[str, str] = os.environ) -> int | None:
+    """The count the user chose: ``num_threads``, else ``RADIXLM_NUM_THREADS``, else
+    ``OMP_NUM_THREADS``; None when none is set."""
     if num_threads is not None:
         return _positive("num_threads", num_threads)
     for name in USER_VARS:
         if environ.get(name, "").strip():  # NOTE: OpenMP also takes a list, one per nesting level
             return _positive(name, environ[name].split(",")[0])
-    spare = max(1, available_cores() - reserved_cores)
-    return max(1, min(spare // processes, MAX_DEFAULT_THREADS))
+    return None
 
 
 def big_step_threads(
     num_threads: int | None, processes: int = 1, environ: Mapping[str, str] = os.environ
 ) -> int:
-    """Threads for a computing process's big steps: as ``compute_threads``, with no core kept
-    for the server and the detokenizer."""
+    """Threads for a computing process's big steps on an otherwise idle machine: as
+    ``compute_threads``, with no core kept for the server and the detokenizer (``StepThreads``
+    gives way to any process that computes)."""
     return compute_threads(num_threads, processes, environ, reserved_cores=0)
 
 
+class OtherLoad:
+    """The CPUs' worth of time other processes took on this process's CPUs between two
+    ``sample`` calls: the busy time of /proc/stat's lines for the CPUs in this process's
+    affinity (under a cgroup CPU quota smaller than those, the cgroup's own usage), less this
+    process's CPU time. Hypervisor steal counts as taken."""
+
+    def __init__(self) -> None:
+        self.cpus = sorted(os.sched_getaffinity(0))
+        quota = _cgroup_cpu_quota()
+        self.cgroup = quota is not None and quota < len(self.cpus)
+        self.capacity = quota if self.cgroup else len(self.cpus)
+        self.last = self._read()
+
+    def sample(self) -> float | None:
+        """Other processes' load since the last sample, in CPUs; None when unreadable."""
+        now = self._read()
+        (t0, busy0, own0), (t1, busy1, own1) = self.last, now
+        self.last = now
+        if busy0 is None or busy1 is None or t1 <= t0:
+            return None
+        return max(0.0, (busy1 - busy0 - (own1 - own0)) / (t1 - t0))
+
+    def _read(self) -> tuple[float, float | None, float]:
+        busy = self._cgroup_busy() if self.cgroup else self._stat_busy()
+        return time.monotonic(), busy, time.process_time()
+
+    def _stat_busy(self) -> float | None:
+        names = {f"cpu{c}" for c in self.cpus}
+        ticks = 0
+        try:
+            with open("/proc/stat") as f:
+                for line in f:
+                    fields = line.split()
+                    if fields and fields[0] in names:
+                        # user nice system idle iowait irq softirq steal: all but idle, iowait
+                        user, nice, system, _, _, irq, softirq, steal = map(int, fields[1:9])
+                        ticks += user + nice + system + irq + softirq + steal
+        except (OSError, ValueError):
+            return None
+        return ticks / os.sysconf("SC_CLK_TCK")
+
+    @staticmethod
+    def _cgroup_busy() -> float | None:
+        try:
+            with open("/sys/fs/cgroup/cpu.stat") as f:
+                usage = dict(line.split() for line in f if line.strip())
+            return int(usage["usage_usec"]) / 1e6
+        except (OSError, ValueError, KeyError):
+            return None
+
+
 class StepThreads:
-    """Sets this process's torch threads before each forward step: ``small`` below
-    ``BIG_STEP_TOKENS`` tokens, ``big`` from there on (``torch.set_num_threads`` only when the
-    count changes; it costs well under a microsecond)."""
+    """Sizes this process's torch pool before each forward step: ``small`` threads for a step
+    of fewer than ``BIG_STEP_TOKENS`` tokens; from there on ``big``, or as many CPUs as other
+    processes left free over the last ``LOAD_WINDOW_S`` when that is fewer (at least
+    ``small``). ``torch.set_num_threads`` runs only when the count changes (well under a
+    microsecond)."""
 
-    def __init__(self, small: int, big: int) -> None:
+    def __init__(self, small: int, big: int, load: OtherLoad | None = None) -> None:
         self.small, self.big, self.current = small, big, small
+        can_measure = hasattr(os, "sched_getaffinity") and os.path.exists("/proc/stat")
+        self.load = (load or OtherLoad()) if big > small and can_measure else None
+        self.free = big  # NOTE: CPUs the others left free, as of the last sample
+        self.next_sample = time.monotonic() + LOAD_WINDOW_S
 
-    def for_step(self, tokens: int) -> None:
-        want = self.big if tokens >= BIG_STEP_TOKENS else self.small
+    def for_step(self, tokens: int) -> bool:
+        """Set the count for a step of ``tokens`` tokens; True when it is above ``small``."""
+        if self.load is not None and (now := time.monotonic()) >= self.next_sample:
+            self.next_sample = now + LOAD_WINDOW_S
+            if (other := self.load.sample()) is not None:
+                self.free = int(self.load.capacity - other + 0.5)
+        want = self.small
+        if tokens >= BIG_STEP_TOKENS:
+            want = max(self.small, min(self.big, self.free))
         if want != self.current:
             import torch
 
             torch.set_num_threads(want)
             self.current = want
+        return want > self.small
 
 
 def child_env(threads: int, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
@@ -98,7 +181,7 @@ def child_env(threads: int, environ: Mapping[str, str] = os.environ) -> dict[str
     glibc with ``MALLOC_ARENAS`` and oneDNN with ``ONEDNN_CACHES``, unless the user set them)."""
     env = {**MALLOC_ARENAS, **ONEDNN_CACHES, **environ}
     if not any(name in env for name in WAIT_VARS):
-        env.update(PASSIVE_WAIT)
+        env.update(SPIN_WAIT)
     env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
     return env
 
@@ -126,8 +209,11 @@ def describe(steps: StepThreads | None = None) -> str:
 
     policy = os.environ.get("OMP_WAIT_POLICY", "default").lower()
     spin = os.environ.get("GOMP_SPINCOUNT")
-    big = f" ({steps.big} for steps of >= {BIG_STEP_TOKENS} tokens)" if steps else ""
-    return f"torch threads: {torch.get_num_threads()}{big}, OpenMP wait policy: {policy}" + (
+    adapts = ""
+    if steps and steps.big > steps.small:
+        adapts = (f" ({steps.big} for steps of >= {BIG_STEP_TOKENS} tokens, fewer while other "
+                  "processes take cores)")  # fmt: skip
+    return f"torch threads: {torch.get_num_threads()}{adapts}, OpenMP wait policy: {policy}" + (
         f" (GOMP_SPINCOUNT={spin})" if spin is not None else ""
     )
 

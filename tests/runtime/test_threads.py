@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -41,13 +44,55 @@ def test_big_steps_take_every_core_unless_the_user_chose():
         threads.big_step_threads(None, environ={"OMP_NUM_THREADS": "0"})
 
 
+class FixedLoad:
+    """Other processes' load as a test sets it (``OtherLoad`` reads the machine's)."""
+
+    capacity = 2
+
+    def __init__(self, other: float) -> None:
+        self.other = other
+
+    def sample(self) -> float:
+        return self.other
+
+
+def test_big_steps_take_the_cores_other_processes_leave_free(monkeypatch):
+    monkeypatch.setattr(threads, "LOAD_WINDOW_S", 0.0)  # NOTE: re-measure at every step
+    load = FixedLoad(0.0)
+    steps = threads.StepThreads(1, 2, load=load)
+    before = torch.get_num_threads()
+    try:
+        assert steps.for_step(threads.BIG_STEP_TOKENS) and torch.get_num_threads() == 2
+        assert not steps.for_step(threads.BIG_STEP_TOKENS - 1) and torch.get_num_threads() == 1
+        load.other = 0.67  # NOTE: a busy process sharing our 2 threads' cores gets ~2/3 of one
+        assert not steps.for_step(threads.BIG_STEP_TOKENS) and torch.get_num_threads() == 1
+        load.other = 0.1  # NOTE: it stopped; the server's bits of work leave both cores
+        assert steps.for_step(threads.BIG_STEP_TOKENS) and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_other_load_counts_another_process():
+    load = threads.OtherLoad()
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(1.0)
+        load.sample()
+        time.sleep(0.5)
+        other = load.sample()
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert other is not None and other > 0.5  # NOTE: the spinner's core (CI may add more)
+
+
 def test_model_runner_sizes_the_pool_per_step(tiny_llama):
-    """A step of BIG_STEP_TOKENS tokens runs on the big count, a decode step on the small one,
-    and the outputs do not depend on it."""
+    """A step of BIG_STEP_TOKENS tokens runs on the big count (eagerly), a decode step on the
+    small one, and the outputs do not depend on it."""
     before = torch.get_num_threads()
     runner = ModelRunner(
         ServerArgs(model_path=tiny_llama, dtype="float32", max_total_tokens=1024),
-        step_threads=threads.StepThreads(1, 2),
+        step_threads=threads.StepThreads(1, 2, load=FixedLoad(0.0)),
     )
     n = threads.BIG_STEP_TOKENS
     ids = [(7 * i) % 200 + 1 for i in range(n + 1)]
@@ -86,11 +131,13 @@ def test_bad_num_threads_option_names_the_field():
         ServerArgs(num_threads=0)
 
 
-def test_child_environment_waits_passively_unless_the_user_chose():
+def test_child_environment_spins_briefly_unless_the_user_chose():
     env = threads.child_env(3, environ={"PATH": "/bin"})
     assert (env["OMP_NUM_THREADS"], env["MKL_NUM_THREADS"]) == ("3", "3")
-    assert env["OMP_WAIT_POLICY"] == "PASSIVE" and env["PATH"] == "/bin"
-    assert "OMP_WAIT_POLICY" not in threads.child_env(1, environ={"GOMP_SPINCOUNT": "1000"})
+    assert env["GOMP_SPINCOUNT"] == threads.SPIN_WAIT["GOMP_SPINCOUNT"] and env["PATH"] == "/bin"
+    assert "OMP_WAIT_POLICY" not in env
+    assert threads.child_env(1, environ={"GOMP_SPINCOUNT": "1000"})["GOMP_SPINCOUNT"] == "1000"
+    assert "GOMP_SPINCOUNT" not in threads.child_env(1, environ={"OMP_WAIT_POLICY": "PASSIVE"})
     active = threads.child_env(1, environ={"OMP_WAIT_POLICY": "ACTIVE"})
     assert active["OMP_WAIT_POLICY"] == "ACTIVE"
 
