@@ -8,8 +8,8 @@ which runs the compiled decode steps (``cpu_graph_runner``: compiled for that co
 for 2 threads and run on one they took twice as long).
 
 A lone scheduler (no tensor parallelism, no count from the user) runs its steps of
-``BIG_STEP_TOKENS`` tokens or more (prefills, decode batches of 24 requests and more) eagerly
-on every core, or on as many as other processes left free over the last ``LOAD_WINDOW_S``
+``BIG_STEP_TOKENS`` tokens or more (prefills, decode batches of 24 requests and more, the
+latter through a graph compiled for that count) on every core, or on as many as other processes left free over the last ``LOAD_WINDOW_S``
 (``StepThreads``, ``OtherLoad``): with another process keeping one core busy, two threads
 collapse (SmolLM2, batch of 32: 32-132 tok/s against ~250 on one thread; each parallel region
 waits for the thread the OS put behind the busy process), so the pool follows the load.
@@ -31,7 +31,8 @@ MAX_DEFAULT_THREADS = 8
 USER_VARS = ("RADIXLM_NUM_THREADS", "OMP_NUM_THREADS")
 # NOTE: SmolLM2, bf16, one process, ms per step on 1 thread / 2 threads (short spin): prefill of
 # 24 tokens 56 / 42, 64 tokens 122 / 73, 256 tokens 390 / 217; a decode batch of 16 requests
-# 47 (compiled) / 46-48 (eager), 24 requests 64-78 / 50-57, 32 requests 74-75 / 61-64
+# 47 (compiled) / 46-48 (eager), 24 requests 64-78 / 50-57, 32 requests 74-75 / 61-64 (a
+# graph compiled for 2 threads: 45-64)
 BIG_STEP_TOKENS = 24
 # NOTE: how often the scheduler re-measures the other processes' load: a step or two of a
 # decode on the wrong count at most (a busy core slows a 2-thread step ~10x while it lasts),
@@ -159,8 +160,8 @@ class StepThreads:
         self.free = big  # NOTE: CPUs the others left free, as of the last sample
         self.next_sample = time.monotonic() + LOAD_WINDOW_S
 
-    def for_step(self, tokens: int) -> bool:
-        """Set the count for a step of ``tokens`` tokens; True when it is above ``small``."""
+    def for_step(self, tokens: int) -> int:
+        """Set the count for a step of ``tokens`` tokens, and return it."""
         if self.load is not None and (now := time.monotonic()) >= self.next_sample:
             self.next_sample = now + LOAD_WINDOW_S
             if (other := self.load.sample()) is not None:
@@ -173,7 +174,7 @@ class StepThreads:
 
             torch.set_num_threads(want)
             self.current = want
-        return want > self.small
+        return want
 
 
 def child_env(threads: int, environ: Mapping[str, str] = os.environ) -> dict[str, str]:

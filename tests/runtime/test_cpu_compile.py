@@ -7,9 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from radixlm.runtime import threads
 from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.executor.cpu_graph_runner import GRAPHS
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.executor.model_runner import ModelRunner
+from tests.runtime.test_threads import FixedLoad
 
 pytestmark = pytest.mark.timeout(900)
 PROMPTS = [[5, 17, 300, 41, 9], [7, 8, 9], [400, 401, 402, 403, 404, 405, 406, 407, 408]]
@@ -114,28 +117,53 @@ def test_a_verify_step_computes_what_decode_steps_compute(tiny_llama):
             assert torch.equal(mixed[:k], decoded) and torch.equal(mixed[k], decoded[0]), k
 
 
-def test_large_decode_batches_run_compiled_unless_they_share_a_prefix(tiny_llama):
+def test_large_decode_batches_run_compiled_unless_they_share_a_prefix(tiny_llama, monkeypatch):
     """A decode batch of more than 8 requests (the bf16 weights through oneDNN, as an opaque
-    op in the graph) runs its compiled graph with the eager step's tokens; one whose requests
-    share ``MIN_SHARED_PREFIX`` KV slots runs eagerly (cascade attention reads them once)."""
+    op in the graph) runs its compiled graph with the eager step's tokens; on the big steps'
+    pool (2 threads), the graph compiled for 2 threads, whose guards hold there (the graph
+    made for 1 would send the step to eager); one whose requests share ``MIN_SHARED_PREFIX``
+    KV slots runs eagerly (cascade attention reads them once)."""
     from radixlm.runtime.executor.attention.torch_backend import MIN_SHARED_PREFIX
 
+    monkeypatch.setattr(threads, "BIG_STEP_TOKENS", 12)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    step_threads = threads.StepThreads(1, 2, load=FixedLoad(0.0))
     runner = ModelRunner(ServerArgs(
         model_path=tiny_llama, dtype="bfloat16", quantization="int4", max_total_tokens=2048,
         disable_cpu_compile=False,
-    ))  # fmt: skip
+    ), step_threads=step_threads)  # fmt: skip
     graphs = runner.cpu_graphs
-    assert graphs.wait(600) and runner.cpu_compile_status == "ready"
-    rows, steps, run = list(range(12)), [], graphs.forward
-    graphs.forward = lambda batch: steps.append(batch.input_ids.shape[0]) or run(batch)
-    compiled = decode_logits(runner, rows, steps=3)
-    assert steps == [12, 12, 12]  # NOTE: the three decode steps ran compiled
-    graphs.ready.clear()
-    eager = decode_logits(runner, rows, steps=3)
-    graphs.ready.update(graphs.compile_s)
-    for c, e in zip(compiled, eager):
-        assert torch.equal(c.argmax(-1), e.argmax(-1))
-        torch.testing.assert_close(c, e, atol=5e-2, rtol=5e-2)
+    try:
+        assert graphs.wait(600) and runner.cpu_compile_status == "ready"
+        assert set(graphs.ready) == {*GRAPHS, "wide"}
+        rows, steps, run = list(range(12)), [], graphs.forward
+        graphs.forward = lambda batch, n=None: steps.append((len(batch.input_ids), n)) or run(
+            batch, n
+        )
+        wide = decode_logits(runner, rows, steps=3)
+        runner.step_threads = None  # NOTE: the same steps on one thread
+        torch.set_num_threads(1)
+        compiled = decode_logits(runner, rows, steps=3)
+        assert steps == [(12, 2)] * 3 + [(12, None)] * 3  # NOTE: all six ran compiled
+        graphs.ready.clear()
+        eager = decode_logits(runner, rows, steps=3)
+        graphs.ready.update(graphs.compile_s)
+        for w, c, e in zip(wide, compiled, eager):
+            assert torch.equal(c.argmax(-1), e.argmax(-1))
+            assert torch.equal(w.argmax(-1), e.argmax(-1))
+            torch.testing.assert_close(c, e, atol=5e-2, rtol=5e-2)
+            torch.testing.assert_close(w, e, atol=5e-2, rtol=5e-2)
+        step = ForwardBatch.build(
+            input_ids=[5] * 12, prefix_lens=[9] * 12, extend_lens=[1] * 12, req_slots=rows,
+            out_cache_loc=torch.zeros(12, dtype=torch.int64), logits_indices=rows,
+            req_to_token=runner.req_pool.table,
+        )  # fmt: skip
+        torch.set_num_threads(2)
+        with torch.inference_mode(), torch._dynamo.config.patch(error_on_recompile=True):
+            graphs._run(graphs.compiled_wide, graphs.inputs(step))
+    finally:
+        torch.set_num_threads(before)
 
     table, shared = runner.req_pool.table, MIN_SHARED_PREFIX
     table[:12, :shared] = torch.arange(1, shared + 1)

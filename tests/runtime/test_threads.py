@@ -62,12 +62,12 @@ def test_big_steps_take_the_cores_other_processes_leave_free(monkeypatch):
     steps = threads.StepThreads(1, 2, load=load)
     before = torch.get_num_threads()
     try:
-        assert steps.for_step(threads.BIG_STEP_TOKENS) and torch.get_num_threads() == 2
-        assert not steps.for_step(threads.BIG_STEP_TOKENS - 1) and torch.get_num_threads() == 1
+        assert steps.for_step(threads.BIG_STEP_TOKENS) == 2 == torch.get_num_threads()
+        assert steps.for_step(threads.BIG_STEP_TOKENS - 1) == 1 == torch.get_num_threads()
         load.other = 0.67  # NOTE: a busy process sharing our 2 threads' cores gets ~2/3 of one
-        assert not steps.for_step(threads.BIG_STEP_TOKENS) and torch.get_num_threads() == 1
+        assert steps.for_step(threads.BIG_STEP_TOKENS) == 1 == torch.get_num_threads()
         load.other = 0.1  # NOTE: it stopped; the server's bits of work leave both cores
-        assert steps.for_step(threads.BIG_STEP_TOKENS) and torch.get_num_threads() == 2
+        assert steps.for_step(threads.BIG_STEP_TOKENS) == 2 == torch.get_num_threads()
     finally:
         torch.set_num_threads(before)
 

@@ -86,13 +86,15 @@ class AotGraphs(BackgroundGraphs):
         self.dir = package_dir(args)
         self._loaders: dict[str, object] = {}
 
-    def can_run(self, batch: ForwardBatch) -> bool:
+    def can_run(self, batch: ForwardBatch, threads: int | None = None) -> bool:
+        """A decode step whose graph is ready, run on one thread (None: the graphs' own
+        count; the packages are compiled for one)."""
         graph = graph_of(batch)
-        if graph not in self.ready:
+        if graph not in self.ready or threads not in (None, 1):
             return False
         return batch.input_ids.shape[0] <= MAX_ROWS or not shares_long_prefix(batch)
 
-    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch, threads: int | None = None) -> torch.Tensor:
         return run_package(self._loaders[graph_of(batch)], batch, self.kv_pool)
 
     def _make(self) -> None:

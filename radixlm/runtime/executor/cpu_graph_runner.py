@@ -21,6 +21,11 @@ questions on a 790-token prefix) it was slower, so a batch whose requests share
 ``MIN_SHARED_PREFIX`` slots or more runs eagerly. Other steps stay eager, as do prefill
 chunks (they need logits for their last token only).
 
+Graphs are compiled for a thread count (inductor splits its loops for it; dynamo guards on
+the process's count). Where the scheduler runs big steps on more threads (``StepThreads``),
+a sixth graph, ``wide``, is the ``batch`` graph compiled for that count (SmolLM2, 32
+requests: 45-64 ms a step against 62-99 eager on 2 threads).
+
 The graphs compile on a background thread started once the scheduler reported ready (``start``),
 so start-up does not share the CPU with it; steps run eagerly until their graph is ready, so no
 request waits for a compile. Inductor keeps
@@ -143,34 +148,52 @@ def shares_long_prefix(batch: ForwardBatch) -> bool:
 
 
 class CpuGraphRunner(BackgroundGraphs):
-    """The compiled decode graphs of one model (see module); ``forward`` for batches that
-    ``can_run``."""
+    """The compiled decode graphs of one model (see module), compiled for ``threads`` threads
+    (and with ``wide_threads``, the ``wide`` graph for that many); ``forward`` for batches
+    that ``can_run``."""
 
-    graphs = GRAPHS
-
-    def __init__(self, model: torch.nn.Module, attention: DecodeAttention) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        attention: DecodeAttention,
+        threads: int,
+        wide_threads: int | None = None,
+    ) -> None:
         super().__init__("cpu-compile")
         self.model, self.attention = model, attention
+        self.threads, self.wide_threads = threads, wide_threads
+        if wide_threads == threads:
+            wide_threads = None
+        self.graphs = {**GRAPHS, "wide": GRAPHS["batch"]} if wide_threads else GRAPHS
         self.compiled = self._lookup = None  # NOTE: made on the thread: dynamo imports slowly
+        self.compiled_wide = self._lookup_wide = None
 
-    def can_run(self, batch: ForwardBatch) -> bool:
-        """A step whose tokens all need logits (decode, verify) and whose graph is compiled:
-        at most ``MAX_ROWS`` tokens, or a decode batch without a long shared prefix."""
+    def can_run(self, batch: ForwardBatch, threads: int | None = None) -> bool:
+        """A step whose tokens all need logits (decode, verify) and whose graph is compiled
+        for ``threads`` threads (None: the graphs' own count): at most ``MAX_ROWS`` tokens, or
+        a decode batch without a long shared prefix."""
         tokens = batch.input_ids.shape[0]
-        graph = _graph(tokens, batch.extend_lens_list)
+        graph = self._graph(tokens, batch.extend_lens_list, threads)
         if graph not in self.ready or batch.logits_indices.shape[0] != tokens:
             return False
         if not torch.equal(batch.logits_indices, torch.arange(tokens)):
             return False
-        return graph != "batch" or not shares_long_prefix(batch)
+        return graph not in ("batch", "wide") or not shares_long_prefix(batch)
 
-    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch, threads: int | None = None) -> torch.Tensor:
         """Logits ``[T, vocab]`` of the step, from its compiled graph. The call only looks
         graphs up (``torch._dynamo.run``): a step that no graph fits (a guard the start-up
         compile did not foresee) runs the same code eagerly instead of compiling in the
         serving path, and this thread never changes dynamo's global settings while the compile
         thread works."""
-        return self._run(self._lookup, self.inputs(batch))
+        wide = self._graph(batch.input_ids.shape[0], batch.extend_lens_list, threads) == "wide"
+        return self._run(self._lookup_wide if wide else self._lookup, self.inputs(batch))
+
+    def _graph(self, tokens: int, extend_lens: list[int], threads: int | None) -> str | None:
+        graph = _graph(tokens, extend_lens)
+        if threads is None or threads == self.threads:
+            return graph
+        return "wide" if threads == self.wide_threads and graph == "batch" else None
 
     def inputs(self, batch: ForwardBatch) -> DecodeInputs:
         return decode_inputs(batch)
@@ -197,22 +220,49 @@ class CpuGraphRunner(BackgroundGraphs):
         # another model of the class in this process (tests make several) would reuse graphs
         # traced through its layers; a scheduler holds one model, so forget the others'.
         torch._dynamo.reset()
-        # NOTE: no guards on the model's modules: their weights are never replaced, and
-        # checking ~300 parameters cost ~1 ms of a ~14 ms step
-        self.compiled = torch.compile(self.model.forward, dynamic=None, options={
-            "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe,
-        })  # fmt: skip
+        self.compiled = _compile(self.model.forward, self.threads)
         self._lookup = torch._dynamo.run(self.model.forward)  # NOTE: the graphs, never a compile
-        for graph, extend_lens in GRAPHS.items():
+        if self.wide_threads:
+            wide_step = _wide_step(self.model)  # NOTE: a code object of its own: its own graphs
+            self.compiled_wide = _compile(wide_step, self.wide_threads, wide=True)
+            self._lookup_wide = torch._dynamo.run(wide_step)
+        for graph, extend_lens in self.graphs.items():
             start = time.perf_counter()
             try:
-                self._run(self.compiled, scratch_inputs(extend_lens))
+                fn = self.compiled_wide if graph == "wide" else self.compiled
+                self._run(fn, scratch_inputs(extend_lens))
             except Exception as e:  # noqa: BLE001  (eager steps go on; the reason is reported)
                 self._failed(e, "CPU decode compile failed")
                 return
             self.compile_s[graph] = round(time.perf_counter() - start, 1)
             self.ready.add(graph)
             logger.info("compiled CPU steps (%s) in %.1f s", graph, self.compile_s[graph])
+
+
+def _compile(fn, threads: int, wide: bool = False):
+    """``torch.compile`` of a step for ``threads`` threads: inductor's C++ kernels split their
+    loops for that many (a graph made for 2 threads took twice as long on one)."""
+    # NOTE: no guards on the model's modules: their weights are never replaced, and checking
+    # ~300 parameters cost ~1 ms of a ~14 ms step. The wide graph is made on the compile
+    # thread while the process runs on ``small`` threads (torch's count is one for the whole
+    # process), so it drops dynamo's guard on global state (the thread count, grad mode: steps
+    # always run in inference mode), which would send its steps to eager
+    def keep(entries):
+        return [not e.orig_guard.source.is_unspecialized_nn_module()
+                and not (wide and e.guard_type == "GLOBAL_STATE") for e in entries]  # fmt: skip
+
+    options = {"guard_filter_fn": keep, "cpp.threads": threads}
+    return torch.compile(fn, dynamic=None, options=options)
+
+
+def _wide_step(model: torch.nn.Module):
+    """The model's step as a function of its own: dynamo keeps compiled graphs per code
+    object, so the wide graph (other kernels, the same guards) does not shadow ``batch``."""
+
+    def wide_step(inputs: DecodeInputs, attention: DecodeAttention) -> torch.Tensor:
+        return model.forward(inputs, attention)
+
+    return wide_step
 
 
 def decode_inputs(batch: ForwardBatch) -> DecodeInputs:

@@ -156,14 +156,15 @@ class ModelRunner:
         """Logits ``[len(batch.logits_indices), vocab]`` in float32."""
         if self.tp is not None and self.tp.is_driver:
             broadcast_batch(self.tp, batch)
-        # NOTE: a step on more threads than the compiled graphs were made for runs eagerly
-        # (32 requests: 61-64 ms eager on 2 threads, 74-75 compiled on 1, 79-96 compiled for 1
-        # and run on 2)
-        wide = self.step_threads is not None and self.step_threads.for_step(len(batch.input_ids))
+        # NOTE: a step runs a graph compiled for its thread count, or eagerly (32 requests:
+        # 45-48 ms compiled for 2 threads on 2, 62-70 eager on 2, 80-84 compiled for 1 on 1,
+        # 79-96 compiled for 1 and run on 2)
+        steps = self.step_threads
+        threads_now = steps.for_step(len(batch.input_ids)) if steps is not None else None
         if self.graph_runner is not None and self.graph_runner.can_run(batch):
             return self.graph_runner.forward(batch)
-        if not wide and self.cpu_graphs is not None and self.cpu_graphs.can_run(batch):
-            return self.cpu_graphs.forward(batch)
+        if self.cpu_graphs is not None and self.cpu_graphs.can_run(batch, threads_now):
+            return self.cpu_graphs.forward(batch, threads_now)
         self.backend.prepare(batch)
         return self.model(batch, self.backend)
 
@@ -204,7 +205,10 @@ class ModelRunner:
             # NOTE: the compile loads what this process loaded, into a pool of the same size
             args = args.replace(model_path=self.model_path, max_total_tokens=self.max_total_tokens)
             return AotGraphs(args, self.model, self.kv_pool)
-        return CpuGraphRunner(self.model, DecodeAttention(self.kv_pool, self.backend.scale))
+        attention = DecodeAttention(self.kv_pool, self.backend.scale)
+        if (steps := self.step_threads) is None:
+            return CpuGraphRunner(self.model, attention, torch.get_num_threads())
+        return CpuGraphRunner(self.model, attention, steps.small, steps.big)
 
     @property
     def cpu_compile_status(self) -> str:
