@@ -9,10 +9,11 @@ for 2 threads and run on one they took twice as long).
 
 A lone scheduler (no tensor parallelism, no count from the user) runs its steps of
 ``BIG_STEP_TOKENS`` tokens or more (prefills, decode batches of 24 requests and more, the
-latter through a graph compiled for that count) on every core, or on as many as other processes left free over the last ``LOAD_WINDOW_S``
-(``StepThreads``, ``OtherLoad``): with another process keeping one core busy, two threads
-collapse (SmolLM2, batch of 32: 32-132 tok/s against ~250 on one thread; each parallel region
-waits for the thread the OS put behind the busy process), so the pool follows the load.
+latter through a graph compiled for that count) on every core, or on as many as other
+processes left free over the last ``LOAD_WINDOW_S`` (``StepThreads``, ``OtherLoad``): with
+another process keeping one core busy, two threads collapse (SmolLM2, batch of 32: 32-132
+tok/s against ~250 on one thread; each parallel region waits for the thread the OS put behind
+the busy process), so the pool follows the load.
 Idle OpenMP threads spin a short while (``SPIN_WAIT``), then sleep: threads that sleep at once
 (``OMP_WAIT_POLICY=PASSIVE``) pay a wake-up in each of a step's hundreds of short parallel
 regions (2 threads, batch of 32: 204-287 tok/s sleeping, 406-501 spinning briefly).

@@ -120,9 +120,8 @@ def test_a_verify_step_computes_what_decode_steps_compute(tiny_llama):
 def test_large_decode_batches_run_compiled_unless_they_share_a_prefix(tiny_llama, monkeypatch):
     """A decode batch of more than 8 requests (the bf16 weights through oneDNN, as an opaque
     op in the graph) runs its compiled graph with the eager step's tokens; on the big steps'
-    pool (2 threads), the graph compiled for 2 threads, whose guards hold there (the graph
-    made for 1 would send the step to eager); one whose requests share ``MIN_SHARED_PREFIX``
-    KV slots runs eagerly (cascade attention reads them once)."""
+    pool (2 threads), the graph compiled for 2 threads; one whose requests share
+    ``MIN_SHARED_PREFIX`` KV slots runs eagerly (cascade attention reads them once)."""
     from radixlm.runtime.executor.attention.torch_backend import MIN_SHARED_PREFIX
 
     monkeypatch.setattr(threads, "BIG_STEP_TOKENS", 12)
@@ -159,9 +158,12 @@ def test_large_decode_batches_run_compiled_unless_they_share_a_prefix(tiny_llama
             out_cache_loc=torch.zeros(12, dtype=torch.int64), logits_indices=rows,
             req_to_token=runner.req_pool.table,
         )  # fmt: skip
+        # NOTE: the graphs were made on the compile thread with the process on one thread;
+        # their guards hold on two (a guard on the count would send the wide steps to eager)
         torch.set_num_threads(2)
         with torch.inference_mode(), torch._dynamo.config.patch(error_on_recompile=True):
             graphs._run(graphs.compiled_wide, graphs.inputs(step))
+            graphs._run(graphs.compiled, graphs.inputs(step))
     finally:
         torch.set_num_threads(before)
 

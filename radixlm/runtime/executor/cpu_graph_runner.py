@@ -224,7 +224,7 @@ class CpuGraphRunner(BackgroundGraphs):
         self._lookup = torch._dynamo.run(self.model.forward)  # NOTE: the graphs, never a compile
         if self.wide_threads:
             wide_step = _wide_step(self.model)  # NOTE: a code object of its own: its own graphs
-            self.compiled_wide = _compile(wide_step, self.wide_threads, wide=True)
+            self.compiled_wide = _compile(wide_step, self.wide_threads)
             self._lookup_wide = torch._dynamo.run(wide_step)
         for graph, extend_lens in self.graphs.items():
             start = time.perf_counter()
@@ -239,17 +239,19 @@ class CpuGraphRunner(BackgroundGraphs):
             logger.info("compiled CPU steps (%s) in %.1f s", graph, self.compile_s[graph])
 
 
-def _compile(fn, threads: int, wide: bool = False):
+def _compile(fn, threads: int):
     """``torch.compile`` of a step for ``threads`` threads: inductor's C++ kernels split their
     loops for that many (a graph made for 2 threads took twice as long on one)."""
     # NOTE: no guards on the model's modules: their weights are never replaced, and checking
-    # ~300 parameters cost ~1 ms of a ~14 ms step. The wide graph is made on the compile
-    # thread while the process runs on ``small`` threads (torch's count is one for the whole
-    # process), so it drops dynamo's guard on global state (the thread count, grad mode: steps
-    # always run in inference mode), which would send its steps to eager
+    # ~300 parameters cost ~1 ms of a ~14 ms step. None on global state either: it holds
+    # torch's thread count, which is one for the whole process and changes with each big step
+    # (``StepThreads``), so a graph made on the compile thread would be guarded on whatever
+    # count a step had set meanwhile, and the wide graph on the small count (its steps would
+    # all run eagerly). ``can_run`` picks the graph made for the step's count; the rest of
+    # that state (grad mode) is the same for every step: inference mode.
     def keep(entries):
         return [not e.orig_guard.source.is_unspecialized_nn_module()
-                and not (wide and e.guard_type == "GLOBAL_STATE") for e in entries]  # fmt: skip
+                and e.guard_type != "GLOBAL_STATE" for e in entries]  # fmt: skip
 
     options = {"guard_filter_fn": keep, "cpp.threads": threads}
     return torch.compile(fn, dynamic=None, options=options)
