@@ -21,10 +21,10 @@ questions on a 790-token prefix) it was slower, so a batch whose requests share
 ``MIN_SHARED_PREFIX`` slots or more runs eagerly. Other steps stay eager, as do prefill
 chunks (they need logits for their last token only).
 
-Graphs are compiled for a thread count (inductor splits its loops for it; dynamo guards on
-the process's count). Where the scheduler runs big steps on more threads (``StepThreads``),
-a sixth graph, ``wide``, is the ``batch`` graph compiled for that count (SmolLM2, 32
-requests: 45-64 ms a step against 62-99 eager on 2 threads).
+Graphs are compiled for a thread count (inductor splits its loops for it; a graph made for 2
+threads took twice as long on one). Where the scheduler runs big steps on more threads
+(``StepThreads``), a sixth graph, ``wide``, is the ``batch`` graph compiled for that count
+(SmolLM2, 32 requests: 45-64 ms a step against 62-99 eager on 2 threads).
 
 The graphs compile on a background thread started once the scheduler reported ready (``start``),
 so start-up does not share the CPU with it; steps run eagerly until their graph is ready, so no
@@ -161,9 +161,9 @@ class CpuGraphRunner(BackgroundGraphs):
     ) -> None:
         super().__init__("cpu-compile")
         self.model, self.attention = model, attention
-        self.threads, self.wide_threads = threads, wide_threads
         if wide_threads == threads:
             wide_threads = None
+        self.threads, self.wide_threads = threads, wide_threads
         self.graphs = {**GRAPHS, "wide": GRAPHS["batch"]} if wide_threads else GRAPHS
         self.compiled = self._lookup = None  # NOTE: made on the thread: dynamo imports slowly
         self.compiled_wide = self._lookup_wide = None

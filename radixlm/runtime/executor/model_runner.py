@@ -157,8 +157,7 @@ class ModelRunner:
         if self.tp is not None and self.tp.is_driver:
             broadcast_batch(self.tp, batch)
         # NOTE: a step runs a graph compiled for its thread count, or eagerly (32 requests:
-        # 45-48 ms compiled for 2 threads on 2, 62-70 eager on 2, 80-84 compiled for 1 on 1,
-        # 79-96 compiled for 1 and run on 2)
+        # 45-48 ms compiled for 2 threads on 2, 62-70 eager on 2, 80-84 compiled for 1 on 1)
         steps = self.step_threads
         threads_now = steps.for_step(len(batch.input_ids)) if steps is not None else None
         if self.graph_runner is not None and self.graph_runner.can_run(batch):
