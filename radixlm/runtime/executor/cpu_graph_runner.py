@@ -21,10 +21,10 @@ questions on a 790-token prefix) it was slower, so a batch whose requests share
 ``MIN_SHARED_PREFIX`` slots or more runs eagerly. Other steps stay eager, as do prefill
 chunks (they need logits for their last token only).
 
-Graphs are compiled for a thread count (inductor splits its loops for it; a graph made for 2
-threads took twice as long on one). Where the scheduler runs big steps on more threads
-(``StepThreads``), a sixth graph, ``wide``, is the ``batch`` graph compiled for that count
-(SmolLM2, 32 requests: 45-64 ms a step against 62-99 eager on 2 threads).
+Graphs are compiled for a thread count (inductor splits its loops for it). Where the
+scheduler runs big steps on more threads (``StepThreads``), a sixth graph, ``wide``, is the
+``batch`` graph compiled for that count (SmolLM2, 32 requests: 45-64 ms a step against 62-99
+eager on 2 threads).
 
 The graphs compile on a background thread started once the scheduler reported ready (``start``),
 so start-up does not share the CPU with it; steps run eagerly until their graph is ready, so no
@@ -241,7 +241,7 @@ class CpuGraphRunner(BackgroundGraphs):
 
 def _compile(fn, threads: int):
     """``torch.compile`` of a step for ``threads`` threads: inductor's C++ kernels split their
-    loops for that many (a graph made for 2 threads took twice as long on one)."""
+    loops for that many."""
     # NOTE: no guards on the model's modules: their weights are never replaced, and checking
     # ~300 parameters cost ~1 ms of a ~14 ms step. None on global state either: it holds
     # torch's thread count, which is one for the whole process and changes with each big step
