@@ -9,7 +9,7 @@ import torch
 
 from radixlm.runtime import threads
 from radixlm.runtime.config import ServerArgs
-from radixlm.runtime.executor.cpu_graph_runner import GRAPHS
+from radixlm.runtime.executor.cpu_graph_runner import GRAPHS, decode_inputs
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.executor.model_runner import ModelRunner
 from tests.runtime.test_threads import FixedLoad
@@ -18,19 +18,29 @@ pytestmark = pytest.mark.timeout(900)
 PROMPTS = [[5, 17, 300, 41, 9], [7, 8, 9], [400, 401, 402, 403, 404, 405, 406, 407, 408]]
 
 
-def decode_logits(runner: ModelRunner, rows: list[int], steps: int) -> list[torch.Tensor]:
+def decode_logits(
+    runner: ModelRunner, rows: list[int], steps: int, header: list[int] | None = None
+) -> list[torch.Tensor]:
     """Prefill the prompts of ``rows``, then ``steps`` decode steps of them together (each
-    feeding its greedy token); the logits of every step."""
+    feeding its greedy token); the logits of every step. With ``header``, every request's
+    prompt starts with it, held once in the KV pool (a cached few-shot header)."""
     prompts = [PROMPTS[r % len(PROMPTS)] for r in rows]
-    table, out = runner.req_pool.table, []
-    base = [1 + 64 * i for i in range(len(prompts))]  # NOTE: each request's own KV slots
-    for i, p in enumerate(prompts):
-        table[i, : len(p) + steps] = torch.arange(base[i], base[i] + len(p) + steps)
+    table, out, h = runner.req_pool.table, [], len(header or [])
+    if header:
+        table[: len(prompts), :h] = torch.arange(1, h + 1)
         runner.forward(ForwardBatch.build(
-            input_ids=p, prefix_lens=[0], extend_lens=[len(p)], req_slots=[i],
-            out_cache_loc=table[i, : len(p)], logits_indices=[len(p) - 1], req_to_token=table,
+            input_ids=header, prefix_lens=[0], extend_lens=[h], req_slots=[0],
+            out_cache_loc=table[0, :h], logits_indices=[h - 1], req_to_token=table,
         ))  # fmt: skip
-    tokens, lens = [p[-1] for p in prompts], [len(p) for p in prompts]
+    base = [1 + h + 64 * i for i in range(len(prompts))]  # NOTE: each request's own KV slots
+    for i, p in enumerate(prompts):
+        table[i, h : h + len(p) + steps] = torch.arange(base[i], base[i] + len(p) + steps)
+        runner.forward(ForwardBatch.build(
+            input_ids=p, prefix_lens=[h], extend_lens=[len(p)], req_slots=[i],
+            out_cache_loc=table[i, h : h + len(p)], logits_indices=[len(p) - 1],
+            req_to_token=table,
+        ))  # fmt: skip
+    tokens, lens = [p[-1] for p in prompts], [h + len(p) for p in prompts]
     for _ in range(steps):
         batch = ForwardBatch.build(
             input_ids=tokens, prefix_lens=lens, extend_lens=[1] * len(prompts),
@@ -75,7 +85,7 @@ def test_compiled_decode_matches_eager(tiny_llama, dtype):
         verify = verify_step(runner, extends)
         assert graphs.can_run(verify)
         with torch.inference_mode(), torch._dynamo.config.patch(error_on_recompile=True):
-            compiled = graphs._run(graphs.compiled, graphs.inputs(verify))
+            compiled = graphs._run(graphs.compiled, decode_inputs(verify))
         graphs.ready.clear()
         eager = runner.forward(verify_step(runner, extends))
         graphs.ready.update(graphs.compile_s)
@@ -117,11 +127,12 @@ def test_a_verify_step_computes_what_decode_steps_compute(tiny_llama):
             assert torch.equal(mixed[:k], decoded) and torch.equal(mixed[k], decoded[0]), k
 
 
-def test_large_decode_batches_run_compiled_unless_they_share_a_prefix(tiny_llama, monkeypatch):
+def test_large_decode_batches_run_compiled(tiny_llama, monkeypatch):
     """A decode batch of more than 8 requests (the bf16 weights through oneDNN, as an opaque
     op in the graph) runs its compiled graph with the eager step's tokens; on the big steps'
     pool (2 threads), the graph compiled for 2 threads; one whose requests share
-    ``MIN_SHARED_PREFIX`` KV slots runs eagerly (cascade attention reads them once)."""
+    ``MIN_SHARED_PREFIX`` KV slots or more, the ``shared`` graph (compiled for 2 threads: it
+    reads them once, as the eager cascade attention does)."""
     from radixlm.runtime.executor.attention.torch_backend import MIN_SHARED_PREFIX
 
     monkeypatch.setattr(threads, "BIG_STEP_TOKENS", 12)
@@ -135,35 +146,41 @@ def test_large_decode_batches_run_compiled_unless_they_share_a_prefix(tiny_llama
     graphs = runner.cpu_graphs
     try:
         assert graphs.wait(600) and runner.cpu_compile_status == "ready"
-        assert set(graphs.ready) == {*GRAPHS, "wide"}
+        assert set(graphs.ready) == {*GRAPHS, "wide", "shared"}
         rows, steps, run = list(range(12)), [], graphs.forward
-        graphs.forward = lambda batch, n=None: steps.append((len(batch.input_ids), n)) or run(
-            batch, n
-        )
+
+        def record(batch: ForwardBatch, n: int | None = None) -> torch.Tensor:
+            steps.append((len(batch.input_ids), n, graphs._graph(batch, n)[0]))
+            return run(batch, n)
+
+        graphs.forward = record
+        header = [(11 * j) % 200 + 3 for j in range(MIN_SHARED_PREFIX + 6)]
         wide = decode_logits(runner, rows, steps=3)
+        shared = decode_logits(runner, rows, steps=3, header=header)
         runner.step_threads = None  # NOTE: the same steps on one thread
         torch.set_num_threads(1)
         compiled = decode_logits(runner, rows, steps=3)
-        assert steps == [(12, 2)] * 3 + [(12, None)] * 3  # NOTE: all six ran compiled
+        # NOTE: all ran compiled but the shared steps on one thread (no graph for that count)
+        assert steps == [(12, 2, "wide")] * 3 + [(12, 2, "shared")] * 3 + [(12, None, "batch")] * 3
         graphs.ready.clear()
         eager = decode_logits(runner, rows, steps=3)
+        eager_shared = decode_logits(runner, rows, steps=3, header=header)
         graphs.ready.update(graphs.compile_s)
-        for w, c, e in zip(wide, compiled, eager):
-            assert torch.equal(c.argmax(-1), e.argmax(-1))
-            assert torch.equal(w.argmax(-1), e.argmax(-1))
-            torch.testing.assert_close(c, e, atol=5e-2, rtol=5e-2)
-            torch.testing.assert_close(w, e, atol=5e-2, rtol=5e-2)
+        for got, want in zip(wide + compiled + shared, eager * 2 + eager_shared):
+            assert torch.equal(got.argmax(-1), want.argmax(-1))
+            torch.testing.assert_close(got, want, atol=5e-2, rtol=5e-2)
         step = ForwardBatch.build(
-            input_ids=[5] * 12, prefix_lens=[9] * 12, extend_lens=[1] * 12, req_slots=rows,
-            out_cache_loc=torch.zeros(12, dtype=torch.int64), logits_indices=rows,
-            req_to_token=runner.req_pool.table,
+            input_ids=[5] * 12, prefix_lens=[MIN_SHARED_PREFIX + 2] * 12, extend_lens=[1] * 12,
+            req_slots=rows, out_cache_loc=torch.zeros(12, dtype=torch.int64),
+            logits_indices=rows, req_to_token=runner.req_pool.table,
         )  # fmt: skip
         # NOTE: the graphs were made on the compile thread with the process on one thread;
         # their guards hold on two (a guard on the count would send the wide steps to eager)
         torch.set_num_threads(2)
         with torch.inference_mode(), torch._dynamo.config.patch(error_on_recompile=True):
-            graphs._run(graphs.compiled_wide, graphs.inputs(step))
-            graphs._run(graphs.compiled, graphs.inputs(step))
+            graphs._run(graphs.compiled_wide, decode_inputs(step))
+            graphs._run(graphs.compiled, decode_inputs(step))
+            graphs._run(graphs.compiled_wide, decode_inputs(step, MIN_SHARED_PREFIX))
     finally:
         torch.set_num_threads(before)
 
@@ -178,9 +195,10 @@ def test_large_decode_batches_run_compiled_unless_they_share_a_prefix(tiny_llama
             out_cache_loc=table[:12, prefix], logits_indices=rows, req_to_token=table,
         )  # fmt: skip
 
-    assert not graphs.can_run(decode(shared + 1))
-    table[0, shared - 1] = 2000  # NOTE: now they share one slot less
-    assert graphs.can_run(decode(shared + 1))
+    assert graphs.can_run(decode(shared + 1), 2) and not graphs.can_run(decode(shared + 1), 1)
+    table[0, shared - 1] = 2000  # NOTE: now they share one slot less: the plain batch graphs
+    assert graphs._graph(decode(shared + 1), 2)[0] == "wide"
+    assert graphs.can_run(decode(shared + 1), 1)
 
 
 def verify_step(runner: ModelRunner, extends: list[int]) -> ForwardBatch:

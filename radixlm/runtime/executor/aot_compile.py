@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import dataclasses
 import json
 import os
 import signal
@@ -85,7 +84,7 @@ def export(step: DecodeStep, graph: str, runner: ModelRunner) -> torch.export.Ex
         per_token, kv_index, key_mask = {0: reqs}, {0: reqs, 1: ctx}, {0: reqs, 2: ctx}
     pool = [{0: slots}] * len(runner.kv_pool.k)
     shapes = ((per_token,) * 5 + (kv_index, key_mask, pool, pool))
-    inputs = (*dataclasses.astuple(example), runner.kv_pool.k, runner.kv_pool.v)
+    inputs = (*example.flat(), runner.kv_pool.k, runner.kv_pool.v)
     with torch.inference_mode():
         return torch.export.export(step, inputs, dynamic_shapes=shapes, strict=False)
 

@@ -27,7 +27,6 @@ later starts load in well under a second.
 
 from __future__ import annotations
 
-import dataclasses
 import fcntl
 import hashlib
 import json
@@ -46,7 +45,7 @@ from radixlm.runtime.executor.cpu_graph_runner import (
     MAX_ROWS,
     BackgroundGraphs,
     decode_inputs,
-    shares_long_prefix,
+    long_shared_prefix,
 )
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.loader.text_tokenizer import cache_root
@@ -92,7 +91,7 @@ class AotGraphs(BackgroundGraphs):
         graph = graph_of(batch)
         if graph not in self.ready or threads not in (None, 1):
             return False
-        return batch.input_ids.shape[0] <= MAX_ROWS or not shares_long_prefix(batch)
+        return batch.input_ids.shape[0] <= MAX_ROWS or not long_shared_prefix(batch)
 
     def forward(self, batch: ForwardBatch, threads: int | None = None) -> torch.Tensor:
         return run_package(self._loaders[graph_of(batch)], batch, self.kv_pool)
@@ -185,7 +184,7 @@ def bind_constants(package: object, constants: dict[str, str], model: torch.nn.M
 def run_package(package: object, batch: ForwardBatch, kv_pool: KVPool) -> torch.Tensor:
     """Logits ``[T, vocab]`` of a decode step, from a loaded package (which writes the step's
     K and V into ``kv_pool``)."""
-    return package.run([*dataclasses.astuple(decode_inputs(batch)), *kv_pool.k, *kv_pool.v])[0]
+    return package.run([*decode_inputs(batch).flat(), *kv_pool.k, *kv_pool.v])[0]
 
 
 def constant_value(source: str, tensors: dict[str, torch.Tensor], model: torch.nn.Module):

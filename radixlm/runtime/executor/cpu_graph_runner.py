@@ -15,16 +15,19 @@ tokens (the int4 and int8 copies' limit), each over any context length: one toke
 (single-stream decode, the common case); one request's token and draft (``[1, E]``); a
 decode batch (``[R, 1]``); and a mix (``[R, E]``); and a fifth for decode batches of more
 than 8 requests, whose projections take the bf16 weights (SmolLM2, 32 requests at 80 tokens
-of context: 96 ms a step against 135 eager). That one reads every request's KV in full where
-the eager backend reads a prefix the batch shares once (cascade): on bench_prefix (32
-questions on a 790-token prefix) it was slower, so a batch whose requests share
-``MIN_SHARED_PREFIX`` slots or more runs eagerly. Other steps stay eager, as do prefill
-chunks (they need logits for their last token only).
+of context: 96 ms a step against 135 eager). That one reads every request's KV in full, so
+a batch whose requests share ``MIN_SHARED_PREFIX`` slots or more (a few-shot header, a system
+prompt) takes a graph of its own, ``shared``: each request's own slots as ``batch`` does, the
+shared ones once for all of the step's queries through torch's flash kernel, merged by
+log-sum-exp as the eager backend's cascade attention does (bench_prefix, 128 questions on a
+790-token header: 250-270 ms a step against ~300 eager). Other steps stay eager, as do
+prefill chunks (they need logits for their last token only).
 
 Graphs are compiled for a thread count (inductor splits its loops for it). Where the
-scheduler runs big steps on more threads (``StepThreads``), a sixth graph, ``wide``, is the
-``batch`` graph compiled for that count (SmolLM2, 32 requests: 45-64 ms a step against 62-99
-eager on 2 threads).
+scheduler runs big steps on more threads (``StepThreads``), ``wide`` is the ``batch`` graph
+compiled for that count (SmolLM2, 32 requests: 45-64 ms a step against 62-99 eager on 2
+threads), and ``shared`` is compiled for that count only (its batches are big steps; one of
+fewer requests, on the small count, runs eagerly).
 
 The graphs compile on a background thread started once the scheduler reported ready (``start``),
 so start-up does not share the CPU with it; steps run eagerly until their graph is ready, so no
@@ -42,7 +45,11 @@ from dataclasses import dataclass
 
 import torch
 
-from radixlm.runtime.executor.attention.torch_backend import MIN_SHARED_PREFIX, shared_prefix_len
+from radixlm.runtime.executor.attention.torch_backend import (
+    MIN_SHARED_PREFIX,
+    flash_attention,
+    shared_prefix_len,
+)
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.mem_cache.memory_pool import KVPool
 from radixlm.runtime.models.quant import MAX_INT4_ROWS
@@ -69,8 +76,14 @@ class DecodeInputs:
     logits_indices: torch.Tensor  # [T] = arange(T)
     out_cache_loc: torch.Tensor  # [T] the KV slot each new token writes
     token_slot: torch.Tensor  # [T] each token's place in the flattened [R, E] grid
-    kv_index: torch.Tensor  # [R, L] each request's KV slots
+    kv_index: torch.Tensor  # [R, L] each request's KV slots (after the shared ones)
     key_mask: torch.Tensor  # [R, E, L] True for the slots a grid entry attends to (causal)
+    shared_index: torch.Tensor | None = None  # [P] slots every request starts with (cascade)
+
+    def flat(self) -> tuple[torch.Tensor, ...]:
+        """The fields of a step without a shared part, in order (an AOT package's inputs)."""
+        return (self.input_ids, self.positions, self.logits_indices, self.out_cache_loc,
+                self.token_slot, self.kv_index, self.key_mask)  # fmt: skip
 
 
 class DecodeAttention:
@@ -96,10 +109,26 @@ class DecodeAttention:
         keys = k_buf[batch.kv_index].float()[:, None, :, :, None, :]  # [R, 1, L, Hkv, 1, D]
         scores = (q6 * keys).sum(-1) * self.scale  # [R, E, L, Hkv, G]
         scores = scores.masked_fill(~batch.key_mask[..., None, None], float("-inf"))
-        probs = scores.softmax(dim=2)
         values = v_buf[batch.kv_index].float()[:, None, :, :, None, :]
-        out = (probs[..., None] * values).sum(2)  # [R, E, Hkv, G, D]
-        return out.to(q.dtype).reshape(reqs * per_req, heads, dim)[batch.token_slot]
+        if batch.shared_index is None:
+            out = (scores.softmax(dim=2)[..., None] * values).sum(2)  # [R, E, Hkv, G, D]
+            return out.to(q.dtype).reshape(reqs * per_req, heads, dim)[batch.token_slot]
+        # NOTE: cascade (decode batches only, one token per request: the grid is the tokens'
+        # order): each request's own slots as above, the shared ones once for all queries
+        # through torch's flash kernel, merged by log-sum-exp as the eager backend does
+        top = scores.amax(dim=2, keepdim=True)
+        probs = (scores - top).exp()
+        total = probs.sum(dim=2, keepdim=True)
+        own = (probs[..., None] * values).sum(2) / total.squeeze(2)[..., None]
+        own, own_lse = own.view(-1, heads, dim), (total.log() + top).view(-1, heads)
+        shared = batch.shared_index
+        common, common_lse = flash_attention(
+            q[None], k_buf[shared][None], v_buf[shared][None], self.scale
+        )
+        common, common_lse = common[0].float(), common_lse[0]
+        lse = torch.logaddexp(own_lse, common_lse)
+        out = own * (own_lse - lse).exp()[..., None] + common * (common_lse - lse).exp()[..., None]
+        return out.to(q.dtype)
 
 
 class BackgroundGraphs:
@@ -140,11 +169,12 @@ class BackgroundGraphs:
         logger.warning("%s, steps stay eager: %s", what, self.error)
 
 
-def shares_long_prefix(batch: ForwardBatch) -> bool:
-    """Whether a batch's requests share ``MIN_SHARED_PREFIX`` KV slots or more: the eager
-    backend reads such a prefix once (cascade), a graph reads every request's KV in full."""
+def long_shared_prefix(batch: ForwardBatch) -> int:
+    """How many KV slots a batch's requests all start with, where that is
+    ``MIN_SHARED_PREFIX`` or more (else 0): a prefix to read once for all of them (cascade)."""
     kv_index = batch.req_to_token[batch.req_slots, : min(batch.seq_lens_list)]
-    return shared_prefix_len(kv_index) >= MIN_SHARED_PREFIX
+    shared = shared_prefix_len(kv_index)
+    return shared if shared >= MIN_SHARED_PREFIX else 0
 
 
 class CpuGraphRunner(BackgroundGraphs):
@@ -164,21 +194,23 @@ class CpuGraphRunner(BackgroundGraphs):
         if wide_threads == threads:
             wide_threads = None
         self.threads, self.wide_threads = threads, wide_threads
-        self.graphs = {**GRAPHS, "wide": GRAPHS["batch"]} if wide_threads else GRAPHS
+        # NOTE: graph -> its thread count; big batches run on the big count where there is one
+        self.counts = {name: threads for name in GRAPHS}
+        if wide_threads:
+            self.counts["wide"] = wide_threads
+        self.counts["shared"] = wide_threads or threads
+        self.graphs = {name: GRAPHS.get(name, GRAPHS["batch"]) for name in self.counts}
         self.compiled = self._lookup = None  # NOTE: made on the thread: dynamo imports slowly
         self.compiled_wide = self._lookup_wide = None
 
     def can_run(self, batch: ForwardBatch, threads: int | None = None) -> bool:
         """A step whose tokens all need logits (decode, verify) and whose graph is compiled
-        for ``threads`` threads (None: the graphs' own count): at most ``MAX_ROWS`` tokens, or
-        a decode batch without a long shared prefix."""
+        for ``threads`` threads (None: the graphs' own count)."""
         tokens = batch.input_ids.shape[0]
-        graph = self._graph(tokens, batch.extend_lens_list, threads)
+        graph, _ = self._graph(batch, threads)
         if graph not in self.ready or batch.logits_indices.shape[0] != tokens:
             return False
-        if not torch.equal(batch.logits_indices, torch.arange(tokens)):
-            return False
-        return graph not in ("batch", "wide") or not shares_long_prefix(batch)
+        return torch.equal(batch.logits_indices, torch.arange(tokens))
 
     def forward(self, batch: ForwardBatch, threads: int | None = None) -> torch.Tensor:
         """Logits ``[T, vocab]`` of the step, from its compiled graph. The call only looks
@@ -186,17 +218,26 @@ class CpuGraphRunner(BackgroundGraphs):
         compile did not foresee) runs the same code eagerly instead of compiling in the
         serving path, and this thread never changes dynamo's global settings while the compile
         thread works."""
-        wide = self._graph(batch.input_ids.shape[0], batch.extend_lens_list, threads) == "wide"
-        return self._run(self._lookup_wide if wide else self._lookup, self.inputs(batch))
+        graph, shared = self._graph(batch, threads)
+        lookup = self._lookup_wide if self._on_wide(graph) else self._lookup
+        return self._run(lookup, decode_inputs(batch, shared))
 
-    def _graph(self, tokens: int, extend_lens: list[int], threads: int | None) -> str | None:
-        graph = _graph(tokens, extend_lens)
-        if threads is None or threads == self.threads:
-            return graph
-        return "wide" if threads == self.wide_threads and graph == "batch" else None
+    def _graph(self, batch: ForwardBatch, threads: int | None) -> tuple[str | None, int]:
+        """The graph for ``batch`` on ``threads`` threads (None if there is none), and how
+        many KV slots its requests share (read once: the ``shared`` graph)."""
+        graph, shared = _graph(batch.input_ids.shape[0], batch.extend_lens_list), 0
+        if graph == "batch":
+            if shared := long_shared_prefix(batch):
+                graph = "shared"
+            elif threads is not None and threads == self.wide_threads:
+                graph = "wide"
+        if graph is None or self.counts[graph] != (threads or self.threads):
+            return None, 0
+        return graph, shared
 
-    def inputs(self, batch: ForwardBatch) -> DecodeInputs:
-        return decode_inputs(batch)
+    def _on_wide(self, graph: str | None) -> bool:
+        """Whether ``graph`` is traced through the wide step (compiled for its count)."""
+        return self.wide_threads is not None and self.counts.get(graph) == self.wide_threads
 
     def _run(self, fn, inputs: DecodeInputs) -> torch.Tensor:
         torch._dynamo.maybe_mark_dynamic(inputs.kv_index, 1)
@@ -208,6 +249,8 @@ class CpuGraphRunner(BackgroundGraphs):
             torch._dynamo.maybe_mark_dynamic(inputs.kv_index, 0)
             torch._dynamo.maybe_mark_dynamic(inputs.key_mask, 0)
             torch._dynamo.maybe_mark_dynamic(inputs.key_mask, 1)
+        if inputs.shared_index is not None:
+            torch._dynamo.maybe_mark_dynamic(inputs.shared_index, 0)
         return fn(inputs, self.attention)
 
     @torch.inference_mode()
@@ -229,8 +272,9 @@ class CpuGraphRunner(BackgroundGraphs):
         for graph, extend_lens in self.graphs.items():
             start = time.perf_counter()
             try:
-                fn = self.compiled_wide if graph == "wide" else self.compiled
-                self._run(fn, scratch_inputs(extend_lens))
+                fn = self.compiled_wide if self._on_wide(graph) else self.compiled
+                shared = MIN_SHARED_PREFIX if graph == "shared" else 0
+                self._run(fn, scratch_inputs(extend_lens, shared))
             except Exception as e:  # noqa: BLE001  (eager steps go on; the reason is reported)
                 self._failed(e, "CPU decode compile failed")
                 return
@@ -267,15 +311,20 @@ def _wide_step(model: torch.nn.Module):
     return wide_step
 
 
-def decode_inputs(batch: ForwardBatch) -> DecodeInputs:
-    """The graphs' inputs for ``batch``: one row per token."""
+def decode_inputs(batch: ForwardBatch, shared: int = 0) -> DecodeInputs:
+    """The graphs' inputs for ``batch``: one row per token; with ``shared``, the KV slots the
+    requests all start with apart from each request's own."""
     token_slot, key_mask = grid(batch.extend_lens, batch.positions, max(batch.seq_lens_list))
+    kv_index = batch.req_to_token[batch.req_slots, : key_mask.shape[2]]
+    shared_index = None
+    if shared:
+        shared_index = kv_index[0, :shared].clone()
+        kv_index, key_mask = kv_index[:, shared:].contiguous(), key_mask[:, :, shared:].contiguous()
     # NOTE: copies made here, in inference mode as the compile's were: a tensor made outside
     # it fails the graphs' guards (the step would run eagerly)
     return DecodeInputs(
         batch.input_ids.clone(), batch.positions.clone(), batch.logits_indices.clone(),
-        batch.out_cache_loc.clone(), token_slot,
-        batch.req_to_token[batch.req_slots, : key_mask.shape[2]], key_mask,
+        batch.out_cache_loc.clone(), token_slot, kv_index, key_mask, shared_index,
     )  # fmt: skip
 
 
@@ -304,12 +353,14 @@ def grid(
     return token_slot, torch.arange(length) <= grid_pos.view(reqs, per_req, 1)
 
 
-def scratch_inputs(extend_lens: list[int]) -> DecodeInputs:
-    """A step that writes and reads only slot 0, the pool's scratch slot."""
+def scratch_inputs(extend_lens: list[int], shared: int = 0) -> DecodeInputs:
+    """A step that writes and reads only slot 0, the pool's scratch slot (with ``shared``
+    slots all requests start with)."""
     zeros = torch.zeros(sum(extend_lens), dtype=torch.int64)
     token_slot, key_mask = grid(torch.tensor(extend_lens), zeros + WARMUP_LEN - 1, WARMUP_LEN)
     return DecodeInputs(
         input_ids=zeros, positions=zeros.clone(), logits_indices=torch.arange(zeros.shape[0]),
         out_cache_loc=zeros.clone(), token_slot=token_slot,
         kv_index=torch.zeros(len(extend_lens), WARMUP_LEN, dtype=torch.int64), key_mask=key_mask,
+        shared_index=torch.zeros(shared, dtype=torch.int64) if shared else None,
     )  # fmt: skip
