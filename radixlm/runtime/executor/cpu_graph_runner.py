@@ -48,6 +48,7 @@ import torch
 from radixlm.runtime.executor.attention.torch_backend import (
     MIN_SHARED_PREFIX,
     flash_attention,
+    merge_attention,
     shared_prefix_len,
 )
 from radixlm.runtime.executor.forward_batch import ForwardBatch
@@ -125,10 +126,7 @@ class DecodeAttention:
         common, common_lse = flash_attention(
             q[None], k_buf[shared][None], v_buf[shared][None], self.scale
         )
-        common, common_lse = common[0].float(), common_lse[0]
-        lse = torch.logaddexp(own_lse, common_lse)
-        out = own * (own_lse - lse).exp()[..., None] + common * (common_lse - lse).exp()[..., None]
-        return out.to(q.dtype)
+        return merge_attention(own, own_lse, common[0], common_lse[0]).to(q.dtype)
 
 
 class BackgroundGraphs:

@@ -125,10 +125,16 @@ class TorchAttentionBackend(AttentionBackend):
             common, common_lse = grouped_attention(
                 flat, k_shared[None], v_shared[None], None, self.scale, with_lse=True
             )
-        common, common_lse = common.view_as(own), common_lse.view_as(own_lse)
-        lse = torch.logaddexp(own_lse, common_lse)
-        w_own, w_common = (own_lse - lse).exp()[..., None], (common_lse - lse).exp()[..., None]
-        return own.float() * w_own + common.float() * w_common
+        return merge_attention(own, own_lse, common.view_as(own), common_lse.view_as(own_lse))
+
+
+def merge_attention(
+    a: torch.Tensor, a_lse: torch.Tensor, b: torch.Tensor, b_lse: torch.Tensor
+) -> torch.Tensor:
+    """Attention over two disjoint sets of keys, from each set's output ``[..., D]`` and
+    log-sum-exp ``[...]``: their outputs weighted by each set's share of the softmax, float32."""
+    lse = torch.logaddexp(a_lse, b_lse)
+    return a.float() * (a_lse - lse).exp()[..., None] + b.float() * (b_lse - lse).exp()[..., None]
 
 
 def grouped_attention(
