@@ -9,13 +9,34 @@ import torch
 
 from radixlm.runtime import threads
 from radixlm.runtime.config import ServerArgs
-from radixlm.runtime.executor.cpu_graph_runner import GRAPHS, decode_inputs
+from radixlm.runtime.executor.cpu_graph_runner import GRAPHS, decode_inputs, grid
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.executor.model_runner import ModelRunner
 from tests.runtime.test_threads import FixedLoad
 
 pytestmark = pytest.mark.timeout(900)
 PROMPTS = [[5, 17, 300, 41, 9], [7, 8, 9], [400, 401, 402, 403, 404, 405, 406, 407, 408]]
+
+
+@pytest.mark.parametrize(
+    "extend_lens, positions", [([1, 1, 1], [3, 0, 5]), ([2, 1, 3], [4, 5, 0, 2, 3, 4])]
+)
+def test_grid_places_tokens_per_request_under_a_causal_mask(extend_lens, positions):
+    """A step's tokens in the ``[requests, tokens per request]`` grid (decode steps, one token
+    each, take a path of their own): token ``t`` at its request's row, in order; each entry
+    attends to the slots up to its position; unused entries to slot 0 alone."""
+    length, per_req = 7, max(extend_lens)
+    token_slot, mask = grid(torch.tensor(extend_lens), torch.tensor(positions), length)
+    expect_slot, expect_mask = [], torch.zeros(len(extend_lens), per_req, length, dtype=torch.bool)
+    expect_mask[..., 0] = True
+    t = 0
+    for r, n in enumerate(extend_lens):
+        for j in range(n):
+            expect_slot.append(r * per_req + j)
+            expect_mask[r, j] = torch.arange(length) <= positions[t]
+            t += 1
+    assert token_slot.tolist() == expect_slot
+    assert torch.equal(mask, expect_mask)
 
 
 def decode_logits(

@@ -343,6 +343,8 @@ def grid(
     """Each token's place in the step's ``[R, E]`` grid, and the grid's causal key mask over
     ``length`` slots (unused entries attend to slot 0 only: a row of -inf would be NaN)."""
     reqs, per_req = extend_lens.shape[0], int(extend_lens.max())
+    if per_req == 1:  # NOTE: a decode step, the common case: the tokens are the grid
+        return torch.arange(reqs), torch.arange(length) <= positions.view(reqs, 1, 1)
     owner = torch.repeat_interleave(torch.arange(reqs), extend_lens)
     starts = torch.cumsum(extend_lens, 0) - extend_lens
     token_slot = owner * per_req + torch.arange(owner.shape[0]) - starts[owner]
