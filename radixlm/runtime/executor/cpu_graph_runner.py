@@ -4,7 +4,9 @@ A decode step of a small model on CPU is a few hundred small ops (norms, rotary,
 and gather, softmax, residual adds) around the weight matmuls, and dispatching them costs about
 as much as the matmuls (SmolLM2-135M: ~11 of ~22 ms a token). ``torch.compile`` (inductor's C++
 backend) fuses them: the model's own ``forward`` is traced with :class:`DecodeAttention` in place
-of the attention backend, over :class:`DecodeInputs` in place of a ``ForwardBatch``.
+of the attention backend, over :class:`DecodeInputs` in place of a ``ForwardBatch``. The
+attention itself is a C++ kernel (``attention/cpu_ops.py``), built for this CPU when the
+graphs are made.
 
 A graph's rows are tokens, laid out per request (``[requests, tokens per request]``, padded)
 over each request's KV slots once, with a causal key mask, so the same graphs run decode steps
@@ -45,6 +47,7 @@ from dataclasses import dataclass
 
 import torch
 
+from radixlm.kernels import cpu_ops
 from radixlm.runtime.executor.attention.torch_backend import (
     MIN_SHARED_PREFIX,
     flash_attention,
@@ -88,20 +91,44 @@ class DecodeInputs:
 
 
 class DecodeAttention:
-    """Attention for a step of few tokens, written so that inductor fuses it: write the new
-    K/V, then scores and outputs as elementwise products summed in float32, reading each
-    request's KV through its index inside the reductions (no gathered copy) under the grid's
-    causal mask. Every query row is computed the same way whatever the step's shape, so a
-    verify step's rows equal the decode steps' (module docstring)."""
+    """Attention for a step of few tokens: write the new K/V, then each token attends to its
+    request's slots under the grid's causal mask, through the C++ kernel where it loaded
+    (``kernel``: ``attention/cpu_ops.py``) or else written so that inductor fuses it:
+    scores and outputs as elementwise products summed in float32, reading each request's KV
+    through its index inside the reductions (no gathered copy). Every query row is computed
+    the same way whatever the step's shape, so a verify step's rows equal the decode steps'
+    (module docstring)."""
 
-    def __init__(self, kv_pool: KVPool, scale: float) -> None:
-        self.kv_pool, self.scale = kv_pool, scale
+    def __init__(self, kv_pool: KVPool, scale: float, kernel: bool = False) -> None:
+        self.kv_pool, self.scale, self.kernel = kv_pool, scale, kernel
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch: DecodeInputs
     ) -> torch.Tensor:
         self.kv_pool.write(layer, batch.out_cache_loc, k, v)
         k_buf, v_buf = self.kv_pool.k[layer], self.kv_pool.v[layer]
+        if self.kernel:
+            own, own_lse = cpu_ops.decode_attention(
+                q, k_buf, v_buf, batch.kv_index, batch.token_slot, batch.key_mask, self.scale
+            )
+        else:
+            own, own_lse = self._fused(q, k_buf, v_buf, batch)
+        if batch.shared_index is None:
+            return own.to(q.dtype)
+        # NOTE: cascade (decode batches only, one token per request): each request's own slots
+        # as above, the shared ones once for all queries through torch's flash kernel, merged
+        # by log-sum-exp as the eager backend does
+        shared = batch.shared_index
+        common, common_lse = flash_attention(
+            q[None], k_buf[shared][None], v_buf[shared][None], self.scale
+        )
+        return merge_attention(own, own_lse, common[0], common_lse[0]).to(q.dtype)
+
+    def _fused(
+        self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, batch: DecodeInputs
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The torch formulation: float32 outputs ``[T, H, D]`` and, for a cascade, their
+        log-sum-exp."""
         reqs, per_req, _ = batch.key_mask.shape
         heads, dim = q.shape[1:]
         kv_heads = k_buf.shape[1]
@@ -113,20 +140,13 @@ class DecodeAttention:
         values = v_buf[batch.kv_index].float()[:, None, :, :, None, :]
         if batch.shared_index is None:
             out = (scores.softmax(dim=2)[..., None] * values).sum(2)  # [R, E, Hkv, G, D]
-            return out.to(q.dtype).reshape(reqs * per_req, heads, dim)[batch.token_slot]
-        # NOTE: cascade (decode batches only, one token per request: the grid is the tokens'
-        # order): each request's own slots as above, the shared ones once for all queries
-        # through torch's flash kernel, merged by log-sum-exp as the eager backend does
+            return out.reshape(reqs * per_req, heads, dim)[batch.token_slot], None
+        # NOTE: the cascade's grid is the tokens' order (one token per request)
         top = scores.amax(dim=2, keepdim=True)
         probs = (scores - top).exp()
         total = probs.sum(dim=2, keepdim=True)
         own = (probs[..., None] * values).sum(2) / total.squeeze(2)[..., None]
-        own, own_lse = own.view(-1, heads, dim), (total.log() + top).view(-1, heads)
-        shared = batch.shared_index
-        common, common_lse = flash_attention(
-            q[None], k_buf[shared][None], v_buf[shared][None], self.scale
-        )
-        return merge_attention(own, own_lse, common[0], common_lse[0]).to(q.dtype)
+        return own.view(-1, heads, dim), (total.log() + top).view(-1, heads)
 
 
 class BackgroundGraphs:
@@ -261,6 +281,7 @@ class CpuGraphRunner(BackgroundGraphs):
         # another model of the class in this process (tests make several) would reuse graphs
         # traced through its layers; a scheduler holds one model, so forget the others'.
         torch._dynamo.reset()
+        self.attention.kernel = cpu_ops.load()
         self.compiled = _compile(self.model.forward, self.threads)
         self._lookup = torch._dynamo.run(self.model.forward)  # NOTE: the graphs, never a compile
         if self.wide_threads:

@@ -108,8 +108,9 @@ class ModelRunner:
         copies = (Int4DecodeLinear, Int8DecodeHead, Int8Embedding)
         quant = [b for m in self.model.modules() if isinstance(m, copies)
                  for b in m.buffers(recurse=False)]  # fmt: skip
-        # NOTE: the projections' bf16 weights in oneDNN's layout are not parameters
-        dense = sum(m.dense_bytes for m in self.model.modules() if isinstance(m, Int4DecodeLinear))
+        # NOTE: the bf16 weights in oneDNN's layout (projections, head) are not parameters
+        dense = sum(m.dense_bytes for m in self.model.modules()
+                    if isinstance(m, (Int4DecodeLinear, Int8DecodeHead)))  # fmt: skip
         return {
             "weights": size(self.model.parameters()) + dense,
             "quantized_copies": size(quant),

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlm.runtime.models.onednn import onednn_linear, onednn_weight
 from radixlm.runtime.models.quant_head import (
     QUANTIZE_WEIGHTS,
     apply_int8_head,
@@ -94,46 +95,6 @@ def _fit(groups: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> tup
     return error, codes, scale, offset
 
 
-def onednn_weight(weight: torch.Tensor) -> torch.Tensor | None:
-    """``weight`` (bf16 ``[N, K]``) reordered once into oneDNN's blocked layout for
-    ``mkldnn._linear_pointwise`` (what inductor's CPU freezing uses; any row count; in
-    inference mode bitwise ``F.linear``'s result); None where this torch has no oneDNN."""
-    if not torch.backends.mkldnn.is_available():
-        return None
-    try:
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight, 32)
-        probe = weight.new_ones(1, weight.shape[1])
-        if not torch.equal(_onednn_linear(probe, packed, None), F.linear(probe, weight)):
-            return None
-    except (RuntimeError, AttributeError):  # NOTE: an op this build lacks
-        return None
-    return packed
-
-
-def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
-    flat = x.reshape(-1, x.shape[-1])
-    if torch.compiler.is_compiling():
-        out = torch.ops.radixlm.onednn_linear(flat, weight, bias)
-    else:
-        out = torch.ops.mkldnn._linear_pointwise(flat, weight, bias, "none", [], "")
-    return out.view(*x.shape[:-1], out.shape[-1])
-
-
-# NOTE: ``mkldnn._linear_pointwise`` as an opaque op for compiled steps: inductor lowers the
-# op itself only for weights it packed (freezing makes them graph constants), not for these,
-# which are graph inputs. Defined with ``torch.library.Library`` rather than ``custom_op``:
-# 16 us a call against 36 (120 calls a step of SmolLM2).
-_LIB = torch.library.Library("radixlm", "DEF")
-_LIB.define("onednn_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
-_LIB.impl("onednn_linear", lambda x, weight, bias: torch.ops.mkldnn._linear_pointwise(
-    x, weight, bias, "none", [], ""), "CompositeExplicitAutograd")  # fmt: skip
-
-
-@torch.library.register_fake("radixlm::onednn_linear")
-def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return x.new_empty(x.shape[0], weight.shape[0])
-
-
 class Int4DecodeLinear(nn.Module):
     """An ``nn.Linear`` with an int4 copy of its weight for steps of few rows, and its bf16
     weight in oneDNN's layout for the others (see module). ``int4_only``: the int4 copy alone,
@@ -164,7 +125,7 @@ class Int4DecodeLinear(nn.Module):
             return out if self.bias is None else out + self.bias
         if self.dense is None:
             return F.linear(x, self.weight, self.bias)
-        return _onednn_linear(x.contiguous(), self.dense, self.bias)
+        return onednn_linear(x.contiguous(), self.dense, self.bias)
 
 
 def apply_int4_decode(model: nn.Module, weights_once: bool = False) -> int:

@@ -1,0 +1,299 @@
+// CPU kernels (see cpu_ops.py): the attention of a CPU step's few query tokens over each
+// request's KV slots, and argmax.
+//
+// Attention: one work item per (token, KV head): the item's query heads (GQA group) are held in registers,
+// each key row is read once for all of them (scores into a float buffer), softmax over the
+// buffer, then each value row is read once for all of them. Items run on torch's intra-op
+// pool (at::parallel_for), so the step's thread count applies.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <limits>
+#include <tuple>
+#include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+using bf16 = at::BFloat16;
+
+// Where an item reads and writes; the scores buffer holds G rows of n floats.
+template <typename T>
+struct Item {
+  const T* q;            // [G, D] the group's query heads
+  const T* k;            // pool layer [S, Hkv, D], at this KV head
+  const T* v;            // same
+  int64_t row;           // elements from one slot to the next (Hkv * D)
+  const int64_t* slots;  // [n] the slots attended to
+  int64_t n;
+  float scale;
+  float* scores;         // [G, n]
+  float* out;            // [G, D]
+  float* lse;            // [G]
+};
+
+template <typename T>
+void attend_scalar(const Item<T>& it, int64_t G, int64_t D) {
+  for (int64_t j = 0; j < G; ++j) {
+    float* s = it.scores + j * it.n;
+    float top = -std::numeric_limits<float>::infinity();
+    for (int64_t l = 0; l < it.n; ++l) {
+      const T* key = it.k + it.slots[l] * it.row;
+      float dot = 0.f;
+      for (int64_t d = 0; d < D; ++d) dot += static_cast<float>(it.q[j * D + d]) * static_cast<float>(key[d]);
+      s[l] = dot * it.scale;
+      top = std::max(top, s[l]);
+    }
+    float total = 0.f;
+    for (int64_t l = 0; l < it.n; ++l) total += (s[l] = std::exp(s[l] - top));
+    std::vector<float> acc(D, 0.f);
+    for (int64_t l = 0; l < it.n; ++l) {
+      const T* value = it.v + it.slots[l] * it.row;
+      for (int64_t d = 0; d < D; ++d) acc[d] += s[l] * static_cast<float>(value[d]);
+    }
+    for (int64_t d = 0; d < D; ++d) it.out[j * D + d] = acc[d] / total;
+    it.lse[j] = top + std::log(total);
+  }
+}
+
+#if defined(__AVX512F__)
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const bf16* p) {
+  __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+// exp(x) for x <= 0 (a score minus its row's max): 2^n * p(r), r = x - n ln2 (Cephes expf)
+inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+template <typename T>
+inline void prefetch_row(const T* p, int64_t bytes) {
+  for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(reinterpret_cast<const char*>(p) + b, _MM_HINT_T0);
+}
+
+// D = 16 * DC inputs per head, G query heads per KV head
+template <typename T, int DC, int G>
+void attend_avx512(const Item<T>& it) {
+  constexpr int D = DC * 16;
+  constexpr int64_t ahead = 4;  // NOTE: slots are scattered: fetch rows a few slots early
+  const int64_t bytes = D * sizeof(T);
+  __m512 q[G][DC];
+  for (int j = 0; j < G; ++j)
+    for (int c = 0; c < DC; ++c) q[j][c] = _mm512_mul_ps(load16(it.q + j * D + c * 16), _mm512_set1_ps(it.scale));
+  for (int64_t l = 0; l < std::min(ahead, it.n); ++l) prefetch_row(it.k + it.slots[l] * it.row, bytes);
+  for (int64_t l = 0; l < it.n; ++l) {
+    if (l + ahead < it.n) prefetch_row(it.k + it.slots[l + ahead] * it.row, bytes);
+    const T* key = it.k + it.slots[l] * it.row;
+    __m512 k[DC];
+    for (int c = 0; c < DC; ++c) k[c] = load16(key + c * 16);
+    for (int j = 0; j < G; ++j) {
+      __m512 acc = _mm512_mul_ps(q[j][0], k[0]);
+      for (int c = 1; c < DC; ++c) acc = _mm512_fmadd_ps(q[j][c], k[c], acc);
+      it.scores[j * it.n + l] = _mm512_reduce_add_ps(acc);
+    }
+  }
+  float inv[G];
+  for (int j = 0; j < G; ++j) {
+    float* s = it.scores + j * it.n;
+    __m512 top = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int64_t l = 0; l < it.n; l += 16) {
+      __mmask16 m = it.n - l >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (it.n - l)) - 1);
+      top = _mm512_mask_max_ps(top, m, top, _mm512_maskz_loadu_ps(m, s + l));
+    }
+    const float max = _mm512_reduce_max_ps(top);
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t l = 0; l < it.n; l += 16) {
+      __mmask16 m = it.n - l >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (it.n - l)) - 1);
+      __m512 p = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + l), _mm512_set1_ps(max)));
+      sum = _mm512_mask_add_ps(sum, m, sum, p);
+      _mm512_mask_storeu_ps(s + l, m, p);
+    }
+    const float total = _mm512_reduce_add_ps(sum);
+    inv[j] = 1.f / total;
+    it.lse[j] = max + std::log(total);
+  }
+  __m512 acc[G][DC];
+  for (int j = 0; j < G; ++j)
+    for (int c = 0; c < DC; ++c) acc[j][c] = _mm512_setzero_ps();
+  for (int64_t l = 0; l < std::min(ahead, it.n); ++l) prefetch_row(it.v + it.slots[l] * it.row, bytes);
+  for (int64_t l = 0; l < it.n; ++l) {
+    if (l + ahead < it.n) prefetch_row(it.v + it.slots[l + ahead] * it.row, bytes);
+    const T* value = it.v + it.slots[l] * it.row;
+    __m512 v[DC];
+    for (int c = 0; c < DC; ++c) v[c] = load16(value + c * 16);
+    for (int j = 0; j < G; ++j) {
+      __m512 p = _mm512_set1_ps(it.scores[j * it.n + l]);
+      for (int c = 0; c < DC; ++c) acc[j][c] = _mm512_fmadd_ps(p, v[c], acc[j][c]);
+    }
+  }
+  for (int j = 0; j < G; ++j)
+    for (int c = 0; c < DC; ++c) _mm512_storeu_ps(it.out + j * D + c * 16, _mm512_mul_ps(acc[j][c], _mm512_set1_ps(inv[j])));
+}
+
+template <typename T, int DC>
+bool attend_group(const Item<T>& it, int64_t G) {
+  switch (G) {
+    case 1: attend_avx512<T, DC, 1>(it); return true;
+    case 2: attend_avx512<T, DC, 2>(it); return true;
+    case 3: attend_avx512<T, DC, 3>(it); return true;
+    case 4: attend_avx512<T, DC, 4>(it); return true;
+    case 5: attend_avx512<T, DC, 5>(it); return true;
+    case 6: attend_avx512<T, DC, 6>(it); return true;
+    case 7: attend_avx512<T, DC, 7>(it); return true;
+    case 8: attend_avx512<T, DC, 8>(it); return true;
+    default: return false;
+  }
+}
+#endif
+
+// Whether a vector kernel served the item (else the scalar one does)
+template <typename T>
+bool attend_vector(const Item<T>& it, int64_t G, int64_t D) {
+#if defined(__AVX512F__)
+  switch (D) {
+    case 16: return attend_group<T, 1>(it, G);
+    case 32: return attend_group<T, 2>(it, G);
+    case 64: return attend_group<T, 4>(it, G);
+    case 128: return attend_group<T, 8>(it, G);
+    default: return false;
+  }
+#else
+  return false;
+#endif
+}
+
+template <typename T>
+void run(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf, const at::Tensor& kv_index,
+         const at::Tensor& token_slot, const at::Tensor& key_mask, double scale, at::Tensor& out, at::Tensor& lse) {
+  const int64_t tokens = q.size(0), heads = q.size(1), D = q.size(2);
+  const int64_t kv_heads = k_buf.size(1), G = heads / kv_heads;
+  const int64_t per_req = key_mask.size(1), length = key_mask.size(2);
+  const T* qp = q.data_ptr<T>();
+  const T* kp = k_buf.data_ptr<T>();
+  const T* vp = v_buf.data_ptr<T>();
+  const int64_t* index = kv_index.data_ptr<int64_t>();
+  const int64_t* place = token_slot.data_ptr<int64_t>();
+  const bool* mask = key_mask.data_ptr<bool>();
+  float* op = out.data_ptr<float>();
+  float* lp = lse.data_ptr<float>();
+  at::parallel_for(0, tokens * kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(G * std::max<int64_t>(length, 1));
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t t = item / kv_heads, g = item % kv_heads;
+      const int64_t req = place[t] / per_req, entry = place[t] % per_req;
+      // NOTE: the grid's mask is causal, a prefix of the request's slots: count it
+      const bool* row_mask = mask + (req * per_req + entry) * length;
+      int64_t n = 0;
+      for (int64_t l = 0; l < length; ++l) n += row_mask[l];
+      Item<T> it{qp + (t * heads + g * G) * D, kp + g * D, vp + g * D, kv_heads * D, index + req * length, n,
+                 static_cast<float>(scale), scores.data(), op + (t * heads + g * G) * D, lp + t * heads + g * G};
+      if (n == 0) {  // NOTE: nothing to attend to (a cascade's request with no own slot): weight 0
+        for (int64_t i = 0; i < G * D; ++i) it.out[i] = 0.f;
+        for (int64_t j = 0; j < G; ++j) it.lse[j] = -std::numeric_limits<float>::infinity();
+      } else if (!attend_vector(it, G, D)) {
+        attend_scalar(it, G, D);
+      }
+    }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> decode_attention(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
+                                                    const at::Tensor& kv_index, const at::Tensor& token_slot,
+                                                    const at::Tensor& key_mask, double scale) {
+  TORCH_CHECK(q.dim() == 3 && k_buf.dim() == 3 && v_buf.sizes() == k_buf.sizes(), "q [T, H, D], k/v [S, Hkv, D]");
+  TORCH_CHECK(q.size(2) == k_buf.size(2) && q.size(1) % k_buf.size(1) == 0, "heads and head size must match the KV's");
+  TORCH_CHECK(q.scalar_type() == k_buf.scalar_type() && v_buf.scalar_type() == k_buf.scalar_type(), "one dtype");
+  TORCH_CHECK(k_buf.is_contiguous() && v_buf.is_contiguous(), "the KV pool's layers are contiguous");
+  TORCH_CHECK(kv_index.scalar_type() == at::kLong && token_slot.scalar_type() == at::kLong, "int64 indices");
+  TORCH_CHECK(key_mask.scalar_type() == at::kBool && key_mask.dim() == 3, "key_mask [R, E, L] bool");
+  TORCH_CHECK(kv_index.size(0) == key_mask.size(0) && kv_index.size(1) == key_mask.size(2), "kv_index [R, L]");
+  const at::Tensor qc = q.contiguous(), index = kv_index.contiguous(), place = token_slot.contiguous();
+  const at::Tensor mask = key_mask.contiguous();
+  at::Tensor out = at::empty(qc.sizes(), q.options().dtype(at::kFloat));
+  at::Tensor lse = at::empty({q.size(0), q.size(1)}, q.options().dtype(at::kFloat));
+  if (q.scalar_type() == at::kBFloat16) {
+    run<bf16>(qc, k_buf, v_buf, index, place, mask, scale, out, lse);
+  } else {
+    TORCH_CHECK(q.scalar_type() == at::kFloat, "bf16 or float32");
+    run<float>(qc, k_buf, v_buf, index, place, mask, scale, out, lse);
+  }
+  return {out, lse};
+}
+
+// The first index of each row's largest value (a NaN counts as largest), as torch's argmax
+int64_t row_argmax(const float* x, int64_t n) {
+  int64_t start = 0, best_at = 0;
+  float best = -std::numeric_limits<float>::infinity();
+#if defined(__AVX512F__)
+  if (n >= 16) {
+    const __m512i step = _mm512_set1_epi32(16);
+    __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), at = lane;
+    __m512 top = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    __mmask16 nan = 0;
+    for (; start + 16 <= n && start + 16 <= (int64_t{1} << 31); start += 16) {
+      __m512 v = _mm512_loadu_ps(x + start);
+      nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+      __mmask16 up = _mm512_cmp_ps_mask(v, top, _CMP_GT_OQ);  // NOTE: strict: a lane keeps its first
+      top = _mm512_mask_mov_ps(top, up, v);
+      at = _mm512_mask_mov_epi32(at, up, lane);
+      lane = _mm512_add_epi32(lane, step);
+    }
+    if (nan) start = 0;  // NOTE: the scalar loop below finds the first NaN
+    else {
+      best = _mm512_reduce_max_ps(top);
+      __mmask16 tied = _mm512_cmp_ps_mask(top, _mm512_set1_ps(best), _CMP_EQ_OQ);
+      best_at = _mm512_mask_reduce_min_epi32(tied, at);
+    }
+  }
+#endif
+  for (int64_t i = start; i < n; ++i) {
+    if (std::isnan(x[i])) return i;
+    if (x[i] > best || (i == 0 && start == 0)) best = x[i], best_at = i;
+  }
+  return best_at;
+}
+
+at::Tensor argmax(const at::Tensor& logits) {
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat, "logits [B, V] float32");
+  const at::Tensor x = logits.contiguous();
+  at::Tensor out = at::empty({x.size(0)}, x.options().dtype(at::kLong));
+  const float* xp = x.data_ptr<float>();
+  int64_t* op = out.data_ptr<int64_t>();
+  const int64_t n = x.size(1);
+  at::parallel_for(0, x.size(0), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) op[r] = row_argmax(xp + r * n, n);
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(radixlm_cpu, m) {
+  m.def("argmax(Tensor logits) -> Tensor");
+  m.def("decode_attention(Tensor q, Tensor k_buf, Tensor v_buf, Tensor kv_index, Tensor token_slot, "
+        "Tensor key_mask, float scale) -> (Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(radixlm_cpu, CPU, m) {
+  m.impl("decode_attention", &decode_attention);
+  m.impl("argmax", &argmax);
+}

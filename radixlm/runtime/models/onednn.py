@@ -1,0 +1,51 @@
+"""Bf16 weights in oneDNN's blocked layout, for the compute-bound (many-row) matmuls on CPU.
+
+``F.linear`` on a plain bf16 weight reorders it into oneDNN's layout at every call; a weight
+reordered once (:func:`onednn_weight`) skips that (see ``quant`` for the layers' numbers and
+``quant_head`` for the LM head's). In inference mode the result is bitwise ``F.linear``'s.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def onednn_weight(weight: torch.Tensor) -> torch.Tensor | None:
+    """``weight`` (bf16 ``[N, K]``) reordered once into oneDNN's blocked layout for
+    ``mkldnn._linear_pointwise`` (what inductor's CPU freezing uses; any row count; in
+    inference mode bitwise ``F.linear``'s result); None where this torch has no oneDNN."""
+    if not torch.backends.mkldnn.is_available():
+        return None
+    try:
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, 32)
+        probe = weight.new_ones(1, weight.shape[1])
+        if not torch.equal(onednn_linear(probe, packed, None), F.linear(probe, weight)):
+            return None
+    except (RuntimeError, AttributeError):  # NOTE: an op this build lacks
+        return None
+    return packed
+
+
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+    flat = x.reshape(-1, x.shape[-1])
+    if torch.compiler.is_compiling():
+        out = torch.ops.radixlm.onednn_linear(flat, weight, bias)
+    else:
+        out = torch.ops.mkldnn._linear_pointwise(flat, weight, bias, "none", [], "")
+    return out.view(*x.shape[:-1], out.shape[-1])
+
+
+# NOTE: ``mkldnn._linear_pointwise`` as an opaque op for compiled steps: inductor lowers the
+# op itself only for weights it packed (freezing makes them graph constants), not for these,
+# which are graph inputs. Defined with ``torch.library.Library`` rather than ``custom_op``:
+# 16 us a call against 36 (120 calls a step of SmolLM2).
+_LIB = torch.library.Library("radixlm", "DEF")
+_LIB.define("onednn_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
+_LIB.impl("onednn_linear", lambda x, weight, bias: torch.ops.mkldnn._linear_pointwise(
+    x, weight, bias, "none", [], ""), "CompositeExplicitAutograd")  # fmt: skip
+
+
+@torch.library.register_fake("radixlm::onednn_linear")
+def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty(x.shape[0], weight.shape[0])
