@@ -85,44 +85,56 @@ inline __m512 exp16(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-template <typename T>
-inline void prefetch_row(const T* p, int64_t bytes) {
-  for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(reinterpret_cast<const char*>(p) + b, _MM_HINT_T0);
+// Calls fn(l, row) with each attended slot's row of `base` as DC float vectors, in slot order;
+// slots are scattered, so each row is fetched a few slots before it is read
+template <typename T, int DC, typename Fn>
+inline void for_each_row(const Item<T>& it, const T* base, Fn&& fn) {
+  constexpr int64_t ahead = 4;
+  auto prefetch = [&](int64_t l) {
+    const char* row = reinterpret_cast<const char*>(base + it.slots[l] * it.row);
+    for (int64_t b = 0; b < int64_t(DC * 16 * sizeof(T)); b += 64) _mm_prefetch(row + b, _MM_HINT_T0);
+  };
+  for (int64_t l = 0; l < std::min(ahead, it.n); ++l) prefetch(l);
+  for (int64_t l = 0; l < it.n; ++l) {
+    if (l + ahead < it.n) prefetch(l + ahead);
+    const T* row = base + it.slots[l] * it.row;
+    __m512 x[DC];
+    for (int c = 0; c < DC; ++c) x[c] = load16(row + c * 16);
+    fn(l, x);
+  }
+}
+
+// The lanes of a 16-float chunk that lie before `left` remaining floats
+inline __mmask16 tail_mask(int64_t left) {
+  return left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
 }
 
 // D = 16 * DC inputs per head, G query heads per KV head
 template <typename T, int DC, int G>
 void attend_avx512(const Item<T>& it) {
   constexpr int D = DC * 16;
-  constexpr int64_t ahead = 4;  // NOTE: slots are scattered: fetch rows a few slots early
-  const int64_t bytes = D * sizeof(T);
   __m512 q[G][DC];
   for (int j = 0; j < G; ++j)
     for (int c = 0; c < DC; ++c) q[j][c] = _mm512_mul_ps(load16(it.q + j * D + c * 16), _mm512_set1_ps(it.scale));
-  for (int64_t l = 0; l < std::min(ahead, it.n); ++l) prefetch_row(it.k + it.slots[l] * it.row, bytes);
-  for (int64_t l = 0; l < it.n; ++l) {
-    if (l + ahead < it.n) prefetch_row(it.k + it.slots[l + ahead] * it.row, bytes);
-    const T* key = it.k + it.slots[l] * it.row;
-    __m512 k[DC];
-    for (int c = 0; c < DC; ++c) k[c] = load16(key + c * 16);
+  for_each_row<T, DC>(it, it.k, [&](int64_t l, const __m512 (&k)[DC]) {
     for (int j = 0; j < G; ++j) {
       __m512 acc = _mm512_mul_ps(q[j][0], k[0]);
       for (int c = 1; c < DC; ++c) acc = _mm512_fmadd_ps(q[j][c], k[c], acc);
       it.scores[j * it.n + l] = _mm512_reduce_add_ps(acc);
     }
-  }
+  });
   float inv[G];
   for (int j = 0; j < G; ++j) {
     float* s = it.scores + j * it.n;
     __m512 top = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
     for (int64_t l = 0; l < it.n; l += 16) {
-      __mmask16 m = it.n - l >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (it.n - l)) - 1);
+      __mmask16 m = tail_mask(it.n - l);
       top = _mm512_mask_max_ps(top, m, top, _mm512_maskz_loadu_ps(m, s + l));
     }
     const float max = _mm512_reduce_max_ps(top);
     __m512 sum = _mm512_setzero_ps();
     for (int64_t l = 0; l < it.n; l += 16) {
-      __mmask16 m = it.n - l >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (it.n - l)) - 1);
+      __mmask16 m = tail_mask(it.n - l);
       __m512 p = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + l), _mm512_set1_ps(max)));
       sum = _mm512_mask_add_ps(sum, m, sum, p);
       _mm512_mask_storeu_ps(s + l, m, p);
@@ -134,17 +146,12 @@ void attend_avx512(const Item<T>& it) {
   __m512 acc[G][DC];
   for (int j = 0; j < G; ++j)
     for (int c = 0; c < DC; ++c) acc[j][c] = _mm512_setzero_ps();
-  for (int64_t l = 0; l < std::min(ahead, it.n); ++l) prefetch_row(it.v + it.slots[l] * it.row, bytes);
-  for (int64_t l = 0; l < it.n; ++l) {
-    if (l + ahead < it.n) prefetch_row(it.v + it.slots[l + ahead] * it.row, bytes);
-    const T* value = it.v + it.slots[l] * it.row;
-    __m512 v[DC];
-    for (int c = 0; c < DC; ++c) v[c] = load16(value + c * 16);
+  for_each_row<T, DC>(it, it.v, [&](int64_t l, const __m512 (&v)[DC]) {
     for (int j = 0; j < G; ++j) {
       __m512 p = _mm512_set1_ps(it.scores[j * it.n + l]);
       for (int c = 0; c < DC; ++c) acc[j][c] = _mm512_fmadd_ps(p, v[c], acc[j][c]);
     }
-  }
+  });
   for (int j = 0; j < G; ++j)
     for (int c = 0; c < DC; ++c) _mm512_storeu_ps(it.out + j * D + c * 16, _mm512_mul_ps(acc[j][c], _mm512_set1_ps(inv[j])));
 }

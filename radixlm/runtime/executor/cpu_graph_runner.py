@@ -5,7 +5,7 @@ and gather, softmax, residual adds) around the weight matmuls, and dispatching t
 as much as the matmuls (SmolLM2-135M: ~11 of ~22 ms a token). ``torch.compile`` (inductor's C++
 backend) fuses them: the model's own ``forward`` is traced with :class:`DecodeAttention` in place
 of the attention backend, over :class:`DecodeInputs` in place of a ``ForwardBatch``. The
-attention itself is a C++ kernel (``attention/cpu_ops.py``), built for this CPU when the
+attention itself is a C++ kernel (``kernels/cpu_ops.py``), built for this CPU when the
 graphs are made.
 
 A graph's rows are tokens, laid out per request (``[requests, tokens per request]``, padded)
@@ -93,7 +93,7 @@ class DecodeInputs:
 class DecodeAttention:
     """Attention for a step of few tokens: write the new K/V, then each token attends to its
     request's slots under the grid's causal mask, through the C++ kernel where it loaded
-    (``kernel``: ``attention/cpu_ops.py``) or else written so that inductor fuses it:
+    (``kernel``: ``kernels/cpu_ops.py``) or else written so that inductor fuses it:
     scores and outputs as elementwise products summed in float32, reading each request's KV
     through its index inside the reductions (no gathered copy). Every query row is computed
     the same way whatever the step's shape, so a verify step's rows equal the decode steps'

@@ -21,6 +21,7 @@ from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.loader.loader import load_model, resolve_dtype
 from radixlm.runtime.mem_cache.memory_pool import KVPool, ReqToTokenPool
+from radixlm.runtime.models.onednn import OneDnnWeight
 from radixlm.runtime.models.quant import (
     MAX_INT4_ROWS,
     Int4DecodeLinear,
@@ -109,8 +110,7 @@ class ModelRunner:
         quant = [b for m in self.model.modules() if isinstance(m, copies)
                  for b in m.buffers(recurse=False)]  # fmt: skip
         # NOTE: the bf16 weights in oneDNN's layout (projections, head) are not parameters
-        dense = sum(m.dense_bytes for m in self.model.modules()
-                    if isinstance(m, (Int4DecodeLinear, Int8DecodeHead)))  # fmt: skip
+        dense = sum(m.dense_bytes for m in self.model.modules() if isinstance(m, OneDnnWeight))
         return {
             "weights": size(self.model.parameters()) + dense,
             "quantized_copies": size(quant),

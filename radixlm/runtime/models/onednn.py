@@ -49,3 +49,27 @@ _LIB.impl("onednn_linear", lambda x, weight, bias: torch.ops.mkldnn._linear_poin
 @torch.library.register_fake("radixlm::onednn_linear")
 def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return x.new_empty(x.shape[0], weight.shape[0])
+
+
+class OneDnnWeight:
+    """For a module that holds a bf16 weight for its many-row steps beside a quantised copy:
+    the weight in oneDNN's layout (``dense``), or the plain one where oneDNN is absent
+    (``weight``), or neither when the quantised copy serves every step."""
+
+    dense: torch.Tensor | None
+    weight: torch.Tensor | None
+
+    def hold_bf16(self, weight: torch.Tensor, needed: bool) -> None:
+        # NOTE: the oneDNN copy replaces the plain weight (an opaque tensor, kept out of the
+        # module's parameters and buffers)
+        self.dense = onednn_weight(weight.detach()) if needed else None
+        self.weight = weight if self.dense is None and needed else None
+
+    @property
+    def dense_bytes(self) -> int:
+        return 0 if self.dense is None else self.dense.numel() * self.dense.element_size()
+
+    def bf16_linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.dense is None:
+            return F.linear(x, self.weight, bias)
+        return onednn_linear(x.contiguous(), self.dense, bias)

@@ -6,7 +6,7 @@ weight (groups of 32 along the input dimension, a scale and an offset per group:
 GGUF's Q4_1) and uses it for steps of at most ``MAX_INT4_ROWS`` tokens, a quarter of the bytes of
 bf16. Larger steps (prefill, big decode batches), which are compute-bound and for which torch's
 int4 kernel is slower than bf16 GEMM, use the bf16 weight, kept in oneDNN's blocked layout
-(:func:`onednn_weight`): ``F.linear`` reorders a plain weight into it at every call, which cost
+(``onednn.onednn_weight``): ``F.linear`` reorders a plain weight into it at every call, which cost
 a batch of 32 decode steps a third of its matmul time (30 layers' projections, weights out of
 cache: 77 ms against 51 ms at 32 rows, 63 against 35 at 16, 5-15% at prefill sizes), for the
 same bits in inference mode (where the runner runs).
@@ -29,10 +29,9 @@ the checkpoint loads (:func:`weights_once_as_loaded`) so that the bf16 weights n
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from radixlm.runtime.models.onednn import onednn_linear, onednn_weight
+from radixlm.runtime.models.onednn import OneDnnWeight
 from radixlm.runtime.models.quant_head import (
     QUANTIZE_WEIGHTS,
     apply_int8_head,
@@ -95,7 +94,7 @@ def _fit(groups: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> tup
     return error, codes, scale, offset
 
 
-class Int4DecodeLinear(nn.Module):
+class Int4DecodeLinear(nn.Module, OneDnnWeight):
     """An ``nn.Linear`` with an int4 copy of its weight for steps of few rows, and its bf16
     weight in oneDNN's layout for the others (see module). ``int4_only``: the int4 copy alone,
     for every step (``ServerArgs.low_memory``)."""
@@ -106,14 +105,7 @@ class Int4DecodeLinear(nn.Module):
         packed, scale_offset = quantize_int4(linear.weight.detach())
         self.register_buffer("packed", packed, persistent=False)
         self.register_buffer("scale_offset", scale_offset, persistent=False)
-        # NOTE: the oneDNN copy replaces the plain weight (an opaque tensor, kept out of the
-        # module's parameters and buffers); the plain one stays where oneDNN is absent.
-        self.dense = None if int4_only else onednn_weight(linear.weight.detach())
-        self.weight = linear.weight if self.dense is None and not int4_only else None
-
-    @property
-    def dense_bytes(self) -> int:
-        return 0 if self.dense is None else self.dense.numel() * self.dense.element_size()
+        self.hold_bf16(linear.weight, needed=not int4_only)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # NOTE: the flag first: a graph exported for every row count gets no guard on rows
@@ -123,9 +115,7 @@ class Int4DecodeLinear(nn.Module):
                 x.contiguous(), self.packed, GROUP, self.scale_offset
             )
             return out if self.bias is None else out + self.bias
-        if self.dense is None:
-            return F.linear(x, self.weight, self.bias)
-        return onednn_linear(x.contiguous(), self.dense, self.bias)
+        return self.bf16_linear(x, self.bias)
 
 
 def apply_int4_decode(model: nn.Module, weights_once: bool = False) -> int:

@@ -34,10 +34,9 @@ import logging
 import platform
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from radixlm.runtime.models.onednn import onednn_linear, onednn_weight
+from radixlm.runtime.models.onednn import OneDnnWeight
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +106,7 @@ def ref_int8_head_mm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor)
     return x.float() @ weight.transpose(0, 1).reshape(weight.shape[1], -1).t()
 
 
-class Int8DecodeHead(nn.Module):
+class Int8DecodeHead(nn.Module, OneDnnWeight):
     """An ``nn.Linear`` head with an int8 copy of its weight for few rows (see module).
 
     Its int8 path returns float32 logits; the bf16 path returns the input's dtype."""
@@ -115,10 +114,8 @@ class Int8DecodeHead(nn.Module):
     def __init__(self, linear: nn.Linear, int8_only: bool = False) -> None:
         super().__init__()
         self.bias, self.int8_only = linear.bias, int8_only
-        # NOTE: as ``Int4DecodeLinear``: the oneDNN copy replaces the plain weight where it exists
-        # (a tied embedding keeps its own reference to the plain one)
-        self.dense = None if int8_only else onednn_weight(linear.weight.detach())
-        self.weight = linear.weight if self.dense is None and not int8_only else None
+        # NOTE: a tied embedding keeps its own reference to the plain weight
+        self.hold_bf16(linear.weight, needed=not int8_only)
         group = group_size(linear.in_features)
         if group is None:
             raise ValueError(f"int8 head needs inputs in groups of {GROUP_ALIGN}")
@@ -132,13 +129,7 @@ class Int8DecodeHead(nn.Module):
         if x.dim() == 2 and few_rows and x.dtype == self.scales.dtype:
             out = int8_head_mm(x, self.codes, self.scales)
             return out if self.bias is None else out + self.bias
-        if self.dense is None:
-            return F.linear(x, self.weight, self.bias)
-        return onednn_linear(x.contiguous(), self.dense, self.bias)
-
-    @property
-    def dense_bytes(self) -> int:
-        return 0 if self.dense is None else self.dense.numel() * self.dense.element_size()
+        return self.bf16_linear(x, self.bias)
 
 
 class Int8Embedding(nn.Module):
