@@ -9,18 +9,25 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "avx512_math.h"
+#include "flash_attention.h"
 
 namespace {
 
 using bf16 = at::BFloat16;
+#if defined(__AVX512F__)
+using radixlm::exp16;
+using radixlm::load16;
+using radixlm::tail_mask;
+#endif
 
 // Where an item reads and writes; the scores buffer holds G rows of n floats.
 template <typename T>
@@ -62,29 +69,6 @@ void attend_scalar(const Item<T>& it, int64_t G, int64_t D) {
 }
 
 #if defined(__AVX512F__)
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const bf16* p) {
-  __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-
-// exp(x) for x <= 0 (a score minus its row's max): 2^n * p(r), r = x - n ln2 (Cephes expf)
-inline __m512 exp16(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
-  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-  return _mm512_scalef_ps(p, n);
-}
-
 // Calls fn(l, row) with each attended slot's row of `base` as DC float vectors, in slot order;
 // slots are scattered, so each row is fetched a few slots before it is read
 template <typename T, int DC, typename Fn>
@@ -102,11 +86,6 @@ inline void for_each_row(const Item<T>& it, const T* base, Fn&& fn) {
     for (int c = 0; c < DC; ++c) x[c] = load16(row + c * 16);
     fn(l, x);
   }
-}
-
-// The lanes of a 16-float chunk that lie before `left` remaining floats
-inline __mmask16 tail_mask(int64_t left) {
-  return left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
 }
 
 // D = 16 * DC inputs per head, G query heads per KV head
@@ -246,6 +225,52 @@ std::tuple<at::Tensor, at::Tensor> decode_attention(const at::Tensor& q, const a
   return {out, lse};
 }
 
+std::tuple<at::Tensor, at::Tensor> flash_attention(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
+                                                   const at::Tensor& slots, const std::optional<at::Tensor>& q_starts,
+                                                   const std::optional<at::Tensor>& kv_starts, bool causal,
+                                                   double scale) {
+  TORCH_CHECK(q.dim() == 3 && k_buf.dim() == 3 && v_buf.sizes() == k_buf.sizes(), "q [T, H, D], k/v [S, Hkv, D]");
+  TORCH_CHECK(q.size(2) == k_buf.size(2) && k_buf.size(1) > 0 && q.size(1) % k_buf.size(1) == 0,
+              "heads and head size must match the KV's");
+  TORCH_CHECK(q.scalar_type() == k_buf.scalar_type() && v_buf.scalar_type() == k_buf.scalar_type(), "one dtype");
+  TORCH_CHECK(k_buf.is_contiguous() && v_buf.is_contiguous(), "the KV pool's layers are contiguous");
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.dim() == 1, "slots [N] int64");
+  TORCH_CHECK(q_starts.has_value() == kv_starts.has_value(), "q_starts and kv_starts together");
+  at::Tensor qs, ks;
+  if (q_starts) {
+    qs = q_starts->contiguous(), ks = kv_starts->contiguous();
+    TORCH_CHECK(qs.scalar_type() == at::kLong && ks.scalar_type() == at::kLong && qs.dim() == 1 &&
+                qs.sizes() == ks.sizes() && qs.size(0) >= 1, "q_starts, kv_starts [B + 1] int64");
+  } else {  // NOTE: one sequence: every query over every slot
+    qs = at::tensor({int64_t{0}, q.size(0)}), ks = at::tensor({int64_t{0}, slots.size(0)});
+  }
+  const int64_t B = qs.size(0) - 1, *qp = qs.data_ptr<int64_t>(), *kp = ks.data_ptr<int64_t>();
+  TORCH_CHECK(qp[0] == 0 && qp[B] == q.size(0) && kp[0] == 0 && kp[B] == slots.size(0), "starts span q and slots");
+  for (int64_t b = 0; b < B; ++b) TORCH_CHECK(qp[b] <= qp[b + 1] && kp[b] <= kp[b + 1], "starts ascend");
+  const at::Tensor qc = q.contiguous(), sc = slots.contiguous();
+  const int64_t* sp = sc.data_ptr<int64_t>();
+  const bool in_pool = std::all_of(sp, sp + sc.numel(), [&](int64_t s) { return s >= 0 && s < k_buf.size(0); });
+  TORCH_CHECK(in_pool, "slots lie in the pool");
+  at::Tensor out = at::empty(qc.sizes(), q.options().dtype(at::kFloat));
+  at::Tensor lse = at::empty({q.size(0), q.size(1)}, q.options().dtype(at::kFloat));
+  auto run_flash = [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    radixlm::FlashArgs<T> args{qc.data_ptr<T>(), k_buf.data_ptr<T>(), v_buf.data_ptr<T>(), sc.data_ptr<int64_t>(),
+                               qp, kp, B, q.size(1), k_buf.size(1), q.size(2), causal, static_cast<float>(scale),
+                               out.data_ptr<float>(), lse.data_ptr<float>()};
+    radixlm::flash_attention(args);
+  };
+  if (q.scalar_type() == at::kBFloat16) {
+    run_flash(static_cast<bf16*>(nullptr));
+  } else {
+    TORCH_CHECK(q.scalar_type() == at::kFloat, "bf16 or float32");
+    run_flash(static_cast<float*>(nullptr));
+  }
+  return {out, lse};
+}
+
+bool flash_vectorized(int64_t head_dim) { return radixlm::flash_vectorized(head_dim); }
+
 // The first index of each row's largest value (a NaN counts as largest), as torch's argmax
 int64_t row_argmax(const float* x, int64_t n) {
   int64_t start = 0, best_at = 0;
@@ -298,9 +323,13 @@ TORCH_LIBRARY(radixlm_cpu, m) {
   m.def("argmax(Tensor logits) -> Tensor");
   m.def("decode_attention(Tensor q, Tensor k_buf, Tensor v_buf, Tensor kv_index, Tensor token_slot, "
         "Tensor key_mask, float scale) -> (Tensor, Tensor)");
+  m.def("flash_attention(Tensor q, Tensor k_buf, Tensor v_buf, Tensor slots, Tensor? q_starts, Tensor? kv_starts, "
+        "bool causal, float scale) -> (Tensor, Tensor)");
+  m.def("flash_vectorized(int head_dim) -> bool", &flash_vectorized);
 }
 
 TORCH_LIBRARY_IMPL(radixlm_cpu, CPU, m) {
   m.impl("decode_attention", &decode_attention);
   m.impl("argmax", &argmax);
+  m.impl("flash_attention", &flash_attention);
 }

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from radixlm.kernels import cpu_ops
 from radixlm.runtime.executor.attention import torch_backend
 from radixlm.runtime.executor.attention.base import create_attention_backend
 from radixlm.runtime.executor.forward_batch import ForwardBatch
@@ -27,25 +28,13 @@ def reference(q, pool: KVPool, slots_per_req, prefixes, extends, scale):
     return torch.stack(outs)
 
 
-@pytest.mark.parametrize("own_base", [5, 0])
-@pytest.mark.parametrize("shared", [0, 70])
-@pytest.mark.parametrize("extends", [[1, 1, 1, 1], [5, 1, 9, 1], [3, 7], [40], [40, 1]])
-def test_matches_reference(shared, extends, own_base, monkeypatch):
-    monkeypatch.setattr(torch_backend, "MIN_SHARED_PREFIX", 8)
-    monkeypatch.setattr(torch_backend, "SDPA_MIN_EXTEND", 16)
-    monkeypatch.setattr(torch_backend, "FLASH_MIN_QUERIES", 12)
-    sdpa_calls, flash_calls = [], []
-    sdpa, flash = torch_backend.sdpa_attention, torch_backend.flash_attention
-    monkeypatch.setattr(
-        torch_backend, "sdpa_attention", lambda *a: sdpa_calls.append(a) or sdpa(*a)
-    )
-    monkeypatch.setattr(
-        torch_backend, "flash_attention", lambda *a: flash_calls.append(a) or flash(*a)
-    )
+def attend(shared, extends, own_base, dtype=torch.float32, dim=DIM):
+    """A batch of ``extends`` new tokens per request after ``own_base + 3 r`` own cached slots
+    and ``shared`` slots common to all -> (the backend's output, the reference, its groups)."""
     gen = torch.Generator().manual_seed(0)
-    pool = KVPool(512, 1, KV_HEADS, DIM, torch.float32, torch.device("cpu"))
-    pool.k[0].normal_(generator=gen)
-    pool.v[0].normal_(generator=gen)
+    pool = KVPool(512, 1, KV_HEADS, dim, dtype, torch.device("cpu"))
+    pool.k[0].copy_(torch.randn(pool.k[0].shape, generator=gen))
+    pool.v[0].copy_(torch.randn(pool.v[0].shape, generator=gen))
     table = ReqToTokenPool(8, 256, torch.device("cpu"))
     # NOTE: stale slots past each request's length: a decode group reads its KV padded (masked)
     table.table.random_(1, 513, generator=gen)
@@ -73,19 +62,62 @@ def test_matches_reference(shared, extends, own_base, monkeypatch):
         logits_indices=list(range(total)), req_to_token=table.table,
     )  # fmt: skip
     backend = create_attention_backend(
-        "torch", kv_pool=pool, num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=DIM
+        "torch", kv_pool=pool, num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=dim
     )
-    q = torch.randn(total, HEADS, DIM, generator=gen)
-    k = torch.randn(total, KV_HEADS, DIM, generator=gen)
-    v = torch.randn(total, KV_HEADS, DIM, generator=gen)
+    q = torch.randn(total, HEADS, dim, generator=gen).to(dtype)
+    k = torch.randn(total, KV_HEADS, dim, generator=gen).to(dtype)
+    v = torch.randn(total, KV_HEADS, dim, generator=gen).to(dtype)
     backend.prepare(batch)
-    if shared:  # NOTE: decode and extend rows form separate groups; cascade needs 2+ requests
-        assert all((g.shared is not None) == (g.num_reqs > 1) for g in batch.attn_meta)
     out = backend.forward(q, k, v, 0, batch)
-    expected = reference(q, pool, slot_lists, prefixes, extends, DIM**-0.5)
+    pool32 = KVPool(512, 1, KV_HEADS, dim, torch.float32, torch.device("cpu"))
+    pool32.k[0].copy_(pool.k[0])
+    pool32.v[0].copy_(pool.v[0])
+    expected = reference(q.float(), pool32, slot_lists, prefixes, extends, dim**-0.5)
+    return out, expected, batch.attn_meta
+
+
+@pytest.mark.parametrize("own_base", [5, 0])
+@pytest.mark.parametrize("shared", [0, 70])
+@pytest.mark.parametrize("extends", [[1, 1, 1, 1], [5, 1, 9, 1], [3, 7], [40], [40, 1]])
+def test_matches_reference(shared, extends, own_base, monkeypatch):
+    monkeypatch.setattr(torch_backend, "MIN_SHARED_PREFIX", 8)
+    monkeypatch.setattr(torch_backend, "SDPA_MIN_EXTEND", 16)
+    monkeypatch.setattr(torch_backend, "FLASH_MIN_QUERIES", 12)
+    sdpa_calls, flash_calls = [], []
+    sdpa, flash = torch_backend.sdpa_attention, torch_backend.flash_attention
+    monkeypatch.setattr(
+        torch_backend, "sdpa_attention", lambda *a: sdpa_calls.append(a) or sdpa(*a)
+    )
+    monkeypatch.setattr(
+        torch_backend, "flash_attention", lambda *a: flash_calls.append(a) or flash(*a)
+    )
+    out, expected, groups = attend(shared, extends, own_base)
+    if shared:  # NOTE: decode and extend rows form separate groups; cascade needs 2+ requests
+        assert all((g.shared is not None) == (g.num_reqs > 1) for g in groups)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
     assert bool(sdpa_calls) == (40 in extends)  # one long extend in its group: the SDPA path
     # NOTE: the shared part of a group of 12+ query rows (padded): the flash kernel
     rows = [len(r) * max(r) for r in ([e for e in extends if e == 1], [e for e in extends if e > 1])
             if len(r) > 1]  # fmt: skip
     assert bool(flash_calls) == bool(shared and any(n >= 12 for n in rows))
+
+
+@pytest.mark.parametrize("shared", [0, 70])
+@pytest.mark.parametrize("extends", [[1, 1, 1, 1], [5, 1, 9, 1], [3, 7], [40], [40, 1]])
+def test_bf16_extends_take_the_cpp_flash_kernel(shared, extends, monkeypatch):
+    """In bf16, with the CPU kernels loaded, extend groups (own slots and shared part) and
+    decode groups' shared parts go through ``cpu_ops.flash_attention``."""
+    if not (cpu_ops.load() and cpu_ops.flash_ready(torch.bfloat16, 32)):
+        pytest.skip("no AVX-512 BF16 flash kernel on this CPU")
+    monkeypatch.setattr(torch_backend, "MIN_SHARED_PREFIX", 8)
+    calls = []
+    kernel = cpu_ops.flash_attention
+    monkeypatch.setattr(
+        cpu_ops, "flash_attention", lambda *a, **k: calls.append(a) or kernel(*a, **k)
+    )
+    out, expected, _ = attend(shared, extends, 5, torch.bfloat16, dim=32)
+    torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
+    # NOTE: a group's shared part needs 2+ requests in it; extend groups: own slots, shared
+    extending, decoding = sum(e > 1 for e in extends), sum(e == 1 for e in extends)
+    cascades = bool(shared) * ((extending > 1) + (decoding > 1))
+    assert len(calls) == (extending > 0) + cascades

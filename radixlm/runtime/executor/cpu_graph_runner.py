@@ -20,10 +20,10 @@ than 8 requests, whose projections take the bf16 weights (SmolLM2, 32 requests a
 of context: 96 ms a step against 135 eager). That one reads every request's KV in full, so
 a batch whose requests share ``MIN_SHARED_PREFIX`` slots or more (a few-shot header, a system
 prompt) takes a graph of its own, ``shared``: each request's own slots as ``batch`` does, the
-shared ones once for all of the step's queries through torch's flash kernel, merged by
-log-sum-exp as the eager backend's cascade attention does (bench_prefix, 128 questions on a
-790-token header: 250-270 ms a step against ~300 eager). Other steps stay eager, as do
-prefill chunks (they need logits for their last token only).
+shared ones once for all of the step's queries through a flash kernel (the C++ one where it
+serves, else torch's), merged by log-sum-exp as the eager backend's cascade attention does
+(bench_prefix, 128 questions on a 790-token header: 250-270 ms a step against ~300 eager).
+Other steps stay eager, as do prefill chunks (they need logits for their last token only).
 
 Graphs are compiled for a thread count (inductor splits its loops for it). Where the
 scheduler runs big steps on more threads (``StepThreads``), ``wide`` is the ``batch`` graph
@@ -101,6 +101,7 @@ class DecodeAttention:
 
     def __init__(self, kv_pool: KVPool, scale: float, kernel: bool = False) -> None:
         self.kv_pool, self.scale, self.kernel = kv_pool, scale, kernel
+        self.flash = False  # NOTE: the shared part through the C++ flash kernel (``_make``)
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch: DecodeInputs
@@ -116,13 +117,17 @@ class DecodeAttention:
         if batch.shared_index is None:
             return own.to(q.dtype)
         # NOTE: cascade (decode batches only, one token per request): each request's own slots
-        # as above, the shared ones once for all queries through torch's flash kernel, merged
+        # as above, the shared ones once for all queries through a flash kernel, merged
         # by log-sum-exp as the eager backend does
         shared = batch.shared_index
-        common, common_lse = flash_attention(
-            q[None], k_buf[shared][None], v_buf[shared][None], self.scale
-        )
-        return merge_attention(own, own_lse, common[0], common_lse[0]).to(q.dtype)
+        if self.flash:
+            common, common_lse = cpu_ops.flash_attention(q, k_buf, v_buf, shared, scale=self.scale)
+        else:
+            common, common_lse = flash_attention(
+                q[None], k_buf[shared][None], v_buf[shared][None], self.scale
+            )
+            common, common_lse = common[0], common_lse[0]
+        return merge_attention(own, own_lse, common, common_lse).to(q.dtype)
 
     def _fused(
         self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, batch: DecodeInputs
@@ -282,6 +287,10 @@ class CpuGraphRunner(BackgroundGraphs):
         # traced through its layers; a scheduler holds one model, so forget the others'.
         torch._dynamo.reset()
         self.attention.kernel = cpu_ops.load()
+        pool = self.attention.kv_pool
+        self.attention.flash = self.attention.kernel and cpu_ops.flash_ready(
+            pool.dtype, pool.k[0].shape[-1]
+        )
         self.compiled = _compile(self.model.forward, self.threads)
         self._lookup = torch._dynamo.run(self.model.forward)  # NOTE: the graphs, never a compile
         if self.wide_threads:

@@ -5,6 +5,12 @@ chunk does not pad every decode row to its length. When every request of a group
 same KV slots (a shared few-shot header, a system prompt, forked branches), that shared part is
 attended once for all of the group's queries and merged with each request's own suffix by
 log-sum-exp ("cascade" attention): the shared KV is read once, not once per request.
+
+Extend groups (prefill chunks, questions after a cached header) in bf16 on a CPU with AVX-512
+BF16 take the C++ flash kernel (``kernels/cpu_ops.py``) once the CPU kernels loaded: each
+request's queries over its own slots read through the KV index (no gathered or padded copy),
+causally, and a shared part once for every query; SmolLM2, 790-token prompt, 2 threads: ~3 ms
+a layer against 8.5 for torch's SDPA. So do decode groups' shared parts.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from radixlm.kernels import cpu_ops
 from radixlm.runtime.executor.attention.base import AttentionBackend, register_attention_backend
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 
@@ -42,6 +49,18 @@ class _Group:
     num_reqs: int
     max_extend: int
     shared: torch.Tensor | None  # [P] KV slots every request of the group starts with
+    kernel: bool  # the C++ flash kernel serves the shared part (and ``own``, where set)
+    own: _Varlen | None = None  # each request's slots after the shared part, for the kernel
+
+
+@dataclass
+class _Varlen:
+    """Request ``r``'s queries ``[q_starts[r], q_starts[r + 1])`` of the group over its slots
+    ``slots[kv_starts[r]:kv_starts[r + 1]]`` (``cpu_ops.flash_attention``'s sequences)."""
+
+    slots: torch.Tensor
+    q_starts: torch.Tensor
+    kv_starts: torch.Tensor
 
 
 @register_attention_backend("torch")
@@ -76,12 +95,22 @@ class TorchAttentionBackend(AttentionBackend):
             # sees all of it unmasked.
             shared = kv_index[0, :shared_len]
             kv_index, mask = kv_index[:, shared_len:], mask[:, :, shared_len:]
+        else:
+            shared_len = 0
+        kernel = self.kv_pool.k[0].device.type == "cpu" and cpu_ops.flash_ready(
+            self.kv_pool.dtype, self.head_dim
+        )
         token_idx = None if whole else _token_rows(batch, rows_t, ext).to(device)
+        if kernel and max_e > 1:
+            own = [length - shared_len for length in seq]
+            slots = torch.cat([kv_index[i, : own[i]] for i in range(n)])
+            varlen = _Varlen(slots, _starts(ext, device), _starts(own, device))
+            return _Group(token_idx, kv_index, None, mask, n, max_e, shared, True, varlen)
         pad_idx = None
         if any(e != max_e for e in ext):
             pad_idx = torch.cat([torch.arange(i * max_e, i * max_e + e) for i, e in enumerate(ext)])
             pad_idx = pad_idx.to(device)
-        return _Group(token_idx, kv_index, pad_idx, mask, n, max_e, shared)
+        return _Group(token_idx, kv_index, pad_idx, mask, n, max_e, shared, kernel)
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch: ForwardBatch
@@ -97,6 +126,8 @@ class TorchAttentionBackend(AttentionBackend):
 
     def _attend(self, q: torch.Tensor, layer: int, g: _Group) -> torch.Tensor:
         k_buf, v_buf = self.kv_pool.k[layer], self.kv_pool.v[layer]
+        if g.own is not None:
+            return self._flash(q, k_buf, v_buf, g).to(q.dtype)
         if g.pad_idx is not None:
             padded = q.new_zeros(g.num_reqs * g.max_extend, *q.shape[1:])
             padded[g.pad_idx] = q
@@ -111,20 +142,38 @@ class TorchAttentionBackend(AttentionBackend):
         elif g.shared is None:
             out = grouped_attention(q4, k, v, g.mask, self.scale)[0]
         else:
-            shared = (_gather(k_buf, g.shared, dtype), _gather(v_buf, g.shared, dtype))
-            out = self._cascade(q4, k, v, g, *shared)
+            out = self._cascade(q4, k, v, g, k_buf, v_buf)
         out = out.to(q.dtype).reshape(-1, *q.shape[1:])
         return out if g.pad_idx is None else out[g.pad_idx]
 
-    def _cascade(self, q4, k, v, g: _Group, k_shared, v_shared) -> torch.Tensor:
+    def _flash(self, q, k_buf, v_buf, g: _Group) -> torch.Tensor:
+        """An extend group through the C++ kernel: each request's own slots causally, the
+        shared part (if any) once for every query, merged."""
+        own = g.own
+        out, lse = cpu_ops.flash_attention(
+            q, k_buf, v_buf, own.slots, own.q_starts, own.kv_starts, True, self.scale
+        )
+        if g.shared is None:
+            return out
+        common, common_lse = cpu_ops.flash_attention(q, k_buf, v_buf, g.shared, scale=self.scale)
+        return merge_attention(out, lse, common, common_lse)
+
+    def _cascade(self, q4, k, v, g: _Group, k_buf, v_buf) -> torch.Tensor:
         own, own_lse = grouped_attention(q4, k, v, g.mask, self.scale, with_lse=True)
         flat = q4.reshape(1, -1, *q4.shape[2:])
-        if flat.shape[1] >= FLASH_MIN_QUERIES and flat.device.type == "cpu":
-            common, common_lse = flash_attention(flat, k_shared[None], v_shared[None], self.scale)
-        else:
-            common, common_lse = grouped_attention(
-                flat, k_shared[None], v_shared[None], None, self.scale, with_lse=True
+        if g.kernel:
+            common, common_lse = cpu_ops.flash_attention(
+                flat[0], k_buf, v_buf, g.shared, scale=self.scale
             )
+        else:
+            k_shared = _gather(k_buf, g.shared, q4.dtype)[None]
+            v_shared = _gather(v_buf, g.shared, q4.dtype)[None]
+            if flat.shape[1] >= FLASH_MIN_QUERIES and flat.device.type == "cpu":
+                common, common_lse = flash_attention(flat, k_shared, v_shared, self.scale)
+            else:
+                common, common_lse = grouped_attention(
+                    flat, k_shared, v_shared, None, self.scale, with_lse=True
+                )
         return merge_attention(own, own_lse, common.view_as(own), common_lse.view_as(own_lse))
 
 
@@ -240,6 +289,11 @@ def shared_prefix_len(kv_index: torch.Tensor) -> int:
     """How many leading KV slots every row of ``kv_index`` has in common."""
     same = (kv_index == kv_index[:1]).all(dim=0)
     return int(same.int().cumprod(0).sum())
+
+
+def _starts(lengths: list[int], device: torch.device) -> torch.Tensor:
+    """``[0, l0, l0 + l1, ...]``: where each of the consecutive runs of ``lengths`` starts."""
+    return torch.tensor([0, *lengths], dtype=torch.int64).cumsum(0).to(device)
 
 
 def _token_rows(batch: ForwardBatch, rows_t: torch.Tensor, ext: list[int]) -> torch.Tensor:
