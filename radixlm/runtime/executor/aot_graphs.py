@@ -39,6 +39,7 @@ from pathlib import Path
 
 import torch
 
+from radixlm.kernels import cpu_ops
 from radixlm.runtime import threads
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.executor.cpu_graph_runner import (
@@ -98,6 +99,9 @@ class AotGraphs(BackgroundGraphs):
 
     def _make(self) -> None:
         start = time.perf_counter()
+        # NOTE: the C++ kernels serve eager steps here (prefill's flash attention, greedy
+        # argmax; ~5 MB), not the packages, which cannot call a library op
+        cpu_ops.load()
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             # NOTE: one compile per key at a time: another process (a dp replica, a test) with
