@@ -5,11 +5,11 @@
 // copy) into 16-key blocks of dimension pairs (a query pair broadcast against a block gives 16
 // scores per instruction) and the values into key pairs (a probability pair broadcast against
 // a row of value pairs adds to 16 outputs). A work item is one sequence, KV head and run of
-// its tokens (their G query heads are its rows); it walks the
-// visible keys 64 at a time: scores, the rows' running max and sum (online softmax, float32),
-// the probabilities rounded to bf16 (as torch's flash kernel does), and the outputs updated
-// in a float32 buffer. Items are taken from a shared counter, longest (latest tokens) first,
-// by torch's intra-op threads. Without AVX-512 BF16, or for other head sizes, a plain loop.
+// its tokens (their G query heads are its rows); it walks the visible keys 64 at a time:
+// scores, the rows' running max and sum (online softmax, float32), the probabilities rounded
+// to bf16 (as torch's flash kernel does), and the outputs updated in a float32 buffer. Items
+// are taken from a shared counter, costliest first, by torch's intra-op threads. Without
+// AVX-512 BF16, or for other head sizes, a plain loop.
 #include "flash_attention.h"
 
 #include <ATen/Parallel.h>
