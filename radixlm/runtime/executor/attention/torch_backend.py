@@ -45,7 +45,7 @@ class _Group:
     token_idx: torch.Tensor | None  # [T_g] rows of the batch's tokens; None = all, in order
     kv_index: torch.Tensor  # [B_g, L] KV slots of each request after the shared part (padded)
     pad_idx: torch.Tensor | None  # [T_g] row in the padded [B_g * E] query; None = no padding
-    mask: torch.Tensor  # [B_g, E, L] bool, True = attend
+    mask: torch.Tensor | None  # [B_g, E, L] bool, True = attend (None: the kernel's group)
     num_reqs: int
     max_extend: int
     shared: torch.Tensor | None  # [P] KV slots every request of the group starts with
@@ -72,6 +72,15 @@ class TorchAttentionBackend(AttentionBackend):
         groups = [rows for rows in (decode_rows, extend_rows) if rows]
         batch.attn_meta = [self._group(batch, rows, len(groups) == 1) for rows in groups]
 
+    def _flash_kernel(self) -> bool:
+        """Whether the C++ flash kernel serves this pool (it loads in the background: once
+        it has, the answer stays yes)."""
+        if not getattr(self, "_kernel_ready", False):
+            self._kernel_ready = self.kv_pool.k[0].device.type == "cpu" and cpu_ops.flash_ready(
+                self.kv_pool.dtype, self.head_dim
+            )
+        return self._kernel_ready
+
     def _group(self, batch: ForwardBatch, rows: list[int], whole: bool) -> _Group:
         device = batch.input_ids.device
         ext = [batch.extend_lens_list[i] for i in rows]
@@ -82,30 +91,26 @@ class TorchAttentionBackend(AttentionBackend):
             max_l = min(bucket, batch.req_to_token.shape[1])
         rows_t = torch.tensor(rows, dtype=torch.int64, device=device)
         kv_index = batch.req_to_token[batch.req_slots[rows_t], :max_l]
-        seq_t, ext_t = batch.seq_lens[rows_t], batch.extend_lens[rows_t]
-        q_pos = (seq_t - ext_t)[:, None] + torch.arange(max_e, device=device)[None, :]
-        keys = torch.arange(max_l, device=device)
-        mask = (keys[None, None, :] <= q_pos[:, :, None]) & (
-            keys[None, None, :] < seq_t[:, None, None]
-        )
         shared_len = shared_prefix_len(kv_index[:, : min(seq)]) if n > 1 else 0
-        shared = None
-        if shared_len >= MIN_SHARED_PREFIX:
-            # NOTE: new tokens get fresh slots, so every query sits past the shared part and
-            # sees all of it unmasked.
-            shared = kv_index[0, :shared_len]
-            kv_index, mask = kv_index[:, shared_len:], mask[:, :, shared_len:]
-        else:
+        if shared_len < MIN_SHARED_PREFIX:
             shared_len = 0
-        kernel = self.kv_pool.k[0].device.type == "cpu" and cpu_ops.flash_ready(
-            self.kv_pool.dtype, self.head_dim
-        )
+        # NOTE: new tokens get fresh slots, so every query sits past the shared part and sees
+        # all of it unmasked.
+        shared = kv_index[0, :shared_len] if shared_len else None
+        kv_index = kv_index[:, shared_len:]
+        kernel = self._flash_kernel()
         token_idx = None if whole else _token_rows(batch, rows_t, ext).to(device)
-        if kernel and max_e > 1:
+        if kernel and max_e > 1:  # NOTE: no mask, no padding: the kernel reads the slots
             own = [length - shared_len for length in seq]
             slots = torch.cat([kv_index[i, : own[i]] for i in range(n)])
             varlen = _Varlen(slots, _starts(ext, device), _starts(own, device))
-            return _Group(token_idx, kv_index, None, mask, n, max_e, shared, True, varlen)
+            return _Group(token_idx, kv_index, None, None, n, max_e, shared, True, varlen)
+        seq_t, ext_t = batch.seq_lens[rows_t], batch.extend_lens[rows_t]
+        q_pos = (seq_t - ext_t)[:, None] + torch.arange(max_e, device=device)[None, :]
+        keys = torch.arange(shared_len, max_l, device=device)
+        mask = (keys[None, None, :] <= q_pos[:, :, None]) & (
+            keys[None, None, :] < seq_t[:, None, None]
+        )
         pad_idx = None
         if any(e != max_e for e in ext):
             pad_idx = torch.cat([torch.arange(i * max_e, i * max_e + e) for i, e in enumerate(ext)])
