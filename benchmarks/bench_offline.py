@@ -7,9 +7,9 @@ Single-stream decode tok/s (best of 3 runs) and batch-32 aggregate throughput (b
 on prompts new from their first token) on the embedded SmolLM2 (llama.cpp decodes the 32
 sequences together in one context, as its server does with 32 parallel slots), and the
 busy-machine variant: single-stream again while another process keeps one core busy.
-llama.cpp and vLLM get as many threads as radixlm's scheduler (``--threads``, default radixlm's
-own for small steps); since radixlm prefills on every core, vLLM's batch row runs again with
-every core (``vllm_cpu_all_cores``). vLLM batches the prompts itself. The ``single_vs_*``
+llama.cpp and vLLM run at their own best setting, every core (``--threads``, default the
+machine's cores; llama.cpp decodes SmolLM2 faster on 2 threads than on 1), radixlm at its
+default. vLLM batches the prompts itself. The ``single_vs_*``
 and ``batch32_vs_*`` ratios take radixlm's best mode; ``default_*`` and ``low_memory_*`` name one.
 Run: ``.venv/bin/python benchmarks/bench_offline.py [--new-tokens 128] [--batch 32] [--skip-vllm]``
 """
@@ -171,22 +171,18 @@ def llamacpp_parallel(llm, prompts: list[str], new_tokens: int, threads: int) ->
     return made
 
 
-def vllm_runs(
-    new_tokens: int, batch: int, threads: int, batch_only: bool = False
-) -> tuple[dict[str, float], dict] | None:
-    """vLLM's rows (tok/s; with ``batch_only``, just the batch row) and its run's facts
-    (version, startup, threads), or None when absent."""
+def vllm_runs(new_tokens: int, batch: int, threads: int) -> tuple[dict[str, float], dict] | None:
+    """vLLM's rows (tok/s) and its run's facts (version, startup, threads), or None when
+    absent."""
     import vllm_peer
 
     p = {"max_tokens": new_tokens, "ignore_eos": True}
     one, busy = {"prompts": [PROMPT], **p}, {"prompts": [PROMPT], **p, "busy": True}
     many = [{"prompts": batch_prompts(batch, run), **p} for run in range(BATCH_RUNS)]
-    out = vllm_peer.run(many if batch_only else [*[one] * RUNS, *many, *[busy] * RUNS], threads)
+    out = vllm_peer.run([*[one] * RUNS, *many, *[busy] * RUNS], threads)
     if out is None:
         return None
     rates = [r["completion_tokens"] / r["seconds"] for r in out.pop("runs")]
-    if batch_only:
-        return {f"batch{batch}_tok_s": max(rates)}, out
     batch_rates = rates[RUNS : RUNS + BATCH_RUNS]
     return {
         "single_tok_s": max(rates[:RUNS]), f"batch{batch}_tok_s": max(batch_rates),
@@ -198,12 +194,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--threads", type=int, help="llama.cpp's and vLLM's (default: radixlm's)")
+    ap.add_argument("--threads", type=int, help="llama.cpp's and vLLM's (default: every core)")
     ap.add_argument("--skip-vllm", action="store_true", help="leave out vLLM's CPU build")
     args = ap.parse_args()
-    from radixlm.runtime import threads as thread_policy
-
-    args.threads = args.threads or thread_policy.compute_threads(None, 1)
+    args.threads = args.threads or os.cpu_count()
     results: dict[str, dict] = {}
     for dtype, compiled in (("bfloat16", True), ("bfloat16", False), ("float32", True)):
         name = f"radixlm_{dtype}" + ("" if compiled else "_eager")
@@ -221,20 +215,12 @@ def main() -> None:
     llamacpp = llamacpp_runs(args.new_tokens, args.batch, args.threads)
     if llamacpp is not None:
         results["llama_cpp_q4_1"] = llamacpp
-    vllm = vllm_wide = None
+    vllm = None
     if not args.skip_vllm:
         log("vLLM (CPU)")
         vllm = vllm_runs(args.new_tokens, args.batch, args.threads)
-    # NOTE: radixlm's scheduler prefills on every core (big steps): vLLM's batch row again with
-    # every core for its whole run
-    wide = thread_policy.big_step_threads(None, 1)
-    if vllm is not None and wide > args.threads:
-        log(f"vLLM (CPU), batch-{args.batch} on {wide} threads")
-        vllm_wide = vllm_runs(args.new_tokens, args.batch, wide, batch_only=True)
     if vllm is not None:
         results["vllm_cpu"] = vllm[0]
-    if vllm_wide is not None:
-        results["vllm_cpu_all_cores"] = vllm_wide[0]
     hf = results["hf_float32"]["single_tok_s"]
     best = max(results[k]["single_tok_s"] for k in results if k.startswith("radixlm"))
     batch_key = f"batch{args.batch}_tok_s"
@@ -270,12 +256,7 @@ def main() -> None:
         ratios[f"batch{args.batch}_vs_vllm"] = best_batch / theirs[batch_key]
         ratios["busy_single_vs_vllm"] = bf16["busy_single_tok_s"] / theirs["busy_single_tok_s"]
         ratios["vllm_busy_vs_idle"] = theirs["busy_single_tok_s"] / theirs["single_tok_s"]
-    if vllm_wide is not None:
-        wide_rate = results["vllm_cpu_all_cores"][batch_key]
-        ratios[f"batch{args.batch}_vs_vllm_all_cores"] = best_batch / wide_rate
     extra = {"vllm": vllm[1]} if vllm is not None else {}
-    if vllm_wide is not None:
-        extra["vllm_all_cores"] = vllm_wide[1]
     save("bench_offline", {"args": vars(args), "results": results, "ratios": ratios, **extra})
     labels, values = [], []
     for k, r in results.items():

@@ -97,12 +97,12 @@ def run_llamacpp(prompts: dict[str, list[str]], new_tokens: int, lookup: bool) -
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
     except ImportError:
         return None
-    from radixlm.runtime import threads
     from radixlm.runtime.loader.model_files import default_model_path
 
     draft = LlamaPromptLookupDecoding(num_pred_tokens=4) if lookup else None
+    # NOTE: every core, as users run it
     llm = Llama(model_path=default_model_path(), n_ctx=2048, verbose=False, draft_model=draft,
-                n_threads=threads.compute_threads(None, 1))  # fmt: skip
+                n_threads=os.cpu_count())  # fmt: skip
     out = {}
     for name, batch in prompts.items():
         start, tokens = time.perf_counter(), 0

@@ -154,7 +154,6 @@ def measure(kind: str, model: str, threads: int, args: argparse.Namespace) -> di
 
 
 def main() -> None:
-    from radixlm.runtime import threads as thread_policy
     from radixlm.runtime.loader.model_files import default_model_path
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -164,7 +163,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     args = parser.parse_args()
     model = default_model_path()
-    threads = thread_policy.compute_threads(None, 1)  # NOTE: llama.cpp gets radixlm's count
+    threads = os.cpu_count()  # NOTE: llama.cpp with every core, as users run it
     kinds = [args.only] if args.only else list(KINDS)
     if "llamacpp" in kinds and importlib.util.find_spec("llama_cpp") is None:
         log("llama.cpp is missing (pip install 'llama-cpp-python[server]'): radixlm only")

@@ -1,7 +1,7 @@
 """C++ CPU kernels (``cpu_ops.cpp``): the compiled CPU steps' attention, prefill's flash
 attention, and greedy argmax.
 
-**Attention.** Inductor fuses :class:`~radixlm.runtime.executor.cpu_graph_runner.DecodeAttention`'s
+**Attention.** Inductor fuses :class:`~radixlm.runtime.executor.decode_step.DecodeAttention`'s
 plain torch formulation into one loop nest, but that nest recomputes each score in every pass
 of the softmax and reduces each (slot, head) dot product on its own: SmolLM2-135M, 32 requests
 at ~95 tokens of context, 16.3 ms of a ~69 ms step on 2 threads, for ~70 MB of KV read. The
@@ -56,7 +56,7 @@ _lock = threading.Lock()
 _loaded: bool | None = None
 
 
-def _cpu_flags() -> str:
+def cpu_flags() -> str:
     try:
         with open("/proc/cpuinfo") as f:
             return next((line for line in f if line.startswith(("flags", "Features"))), "")
@@ -80,7 +80,7 @@ def library_path() -> Path:
     """Where this CPU's build of the kernel lives (built or not)."""
     key = hashlib.sha256()
     sources = [path.read_bytes() for path in SOURCES + HEADERS]
-    for part in (*sources, torch.__version__.encode(), _cpu_flags().encode()):
+    for part in (*sources, torch.__version__.encode(), cpu_flags().encode()):
         key.update(part)
     return Path(cache_root()) / "kernels" / f"cpu_ops-{key.hexdigest()[:16]}.so"
 

@@ -107,8 +107,7 @@ class ServerArgs:
     quantization: str = "auto"
     # NOTE: CPU, bf16: each weight held once, as the int4 copy of the layers and the int8 copy
     # of the head and tied embedding, used for every step (prefill included, ~2.5x slower
-    # matmuls than bf16); decode steps compiled ahead of time by a child process and loaded
-    # without torch's compiler (executor/aot_graphs.py).
+    # matmuls than bf16); its compiled decode steps are two graphs (executor/aot_graphs.py).
     low_memory: bool = False
     dtype: str = "auto"
     device: str = "auto"
@@ -129,11 +128,13 @@ class ServerArgs:
     # and no whitespace for a small model to loop on. "[ ]?" allows a space after : and ,.
     constrained_json_whitespace_pattern: str = ""
     disable_cuda_graph: bool = False
-    # NOTE: CPU decode steps of <= 8 requests compiled with torch.compile in the background
-    # (executor/cpu_graph_runner.py); RADIXLM_DISABLE_CPU_COMPILE=1 sets this default
+    # NOTE: CPU decode steps run graphs compiled ahead of time by a child process and kept on
+    # disk (executor/aot_graphs.py); RADIXLM_DISABLE_CPU_COMPILE=1 sets this default
     disable_cpu_compile: bool = field(
         default_factory=lambda: os.environ.get("RADIXLM_DISABLE_CPU_COMPILE", "") == "1"
     )
+    # NOTE: report ready only once the compiled CPU steps are loaded (built first if missing)
+    wait_cpu_graphs: bool = False
     cuda_graph_max_bs: int = 256  # decode batches up to this size replay captured graphs
     tp_size: int = 1
     dp_size: int = 1

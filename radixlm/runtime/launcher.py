@@ -28,6 +28,7 @@ from radixlm.runtime.tokenizer_manager import TokenizerManager
 logger = logging.getLogger(__name__)
 
 STARTUP_TIMEOUT_S = 600.0
+GRAPHS_TIMEOUT_S = 1800.0  # NOTE: with wait_cpu_graphs, a first start builds them (minutes)
 
 
 @dataclass
@@ -95,7 +96,8 @@ def launch(args: ServerArgs, gpu_offset: int = 0) -> Backend:
         procs[name], pipes[name] = _spawn(role, config)
     backend = Backend(args, ports, procs, {})
     try:
-        backend.info.update(_wait_ready(pipes, procs))
+        backend.info.update(_wait_ready(pipes, procs, GRAPHS_TIMEOUT_S if args.wait_cpu_graphs
+                                       else STARTUP_TIMEOUT_S))  # fmt: skip
     except BaseException:
         backend.shutdown()
         raise
@@ -146,18 +148,20 @@ def _spawn(role: str, config: dict) -> tuple[subprocess.Popen, int]:
     return proc, read_fd
 
 
-def _wait_ready(pipes: dict[str, int], procs: dict[str, subprocess.Popen]) -> dict:
+def _wait_ready(
+    pipes: dict[str, int], procs: dict[str, subprocess.Popen], timeout: float
+) -> dict:
     """Wait for every child's ready line; the first one that fails raises (the ranks of a
     tensor-parallel group would otherwise wait for each other forever). Each child's torch
     thread count lands in ``info["threads"]``, by process name (and the scheduler's count for
     big steps as ``scheduler_big_steps``)."""
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    deadline = time.monotonic() + timeout
     data = {name: b"" for name in pipes}
     done: dict[str, dict] = {}
     while pending := [n for n in pipes if n not in done]:
         if time.monotonic() > deadline:
             raise TimeoutError(
-                f"the {pending[0]} process did not start within {STARTUP_TIMEOUT_S:.0f} s"
+                f"the {pending[0]} process did not start within {timeout:.0f} s"
             )
         ready, _, _ = select.select([pipes[n] for n in pending], [], [], 0.2)
         for name in pending:

@@ -4,7 +4,7 @@ Only the processes that compute (the scheduler and the tensor-parallel ranks) ge
 the detokenizer and the server do not import torch (with a tokenizer only transformers can load,
 they run it with one thread). By default the computing processes share the physical cores but
 one (left to the server and the detokenizer), at most 8 threads each; on 2 cores, one thread,
-which runs the compiled decode steps (``cpu_graph_runner``: compiled for that count).
+which runs the compiled decode steps (``aot_graphs``: compiled for that count).
 
 A lone scheduler (no tensor parallelism, no count from the user) runs its steps of
 ``BIG_STEP_TOKENS`` tokens or more (prefills, decode batches of 24 requests and more, the

@@ -52,10 +52,12 @@ HELP = {
     "tcp://127.0.0.1:5557 (see docs/architecture.md)",
     "kv_events_block_size": "tokens per block in KV-cache events",
     "low_memory": "CPU: hold each weight once, as int4 layers and an int8 head/embedding, for "
-    "every step (prefill matmuls ~2.5x slower), and no compiled steps: a fraction of the "
-    "memory, eager decode speed",
-    "disable_cpu_compile": "run CPU decode steps eagerly (default: steps of <= 8 requests are "
-    "compiled with torch.compile in the background; RADIXLM_DISABLE_CPU_COMPILE=1)",
+    "every step (prefill matmuls ~2.5x slower): a fraction of the memory",
+    "disable_cpu_compile": "run CPU decode steps eagerly (default: compiled step graphs kept "
+    "under $RADIXLM_CACHE/aot, built by a child process on first use while steps run eagerly; "
+    "RADIXLM_DISABLE_CPU_COMPILE=1)",
+    "wait_cpu_graphs": "report ready only once the compiled CPU step graphs are loaded (on a "
+    "first start, built: minutes), so the first requests run at full speed",
     "kv_disk_cache": "directory of a disk tier under the radix cache: prefixes outlive eviction "
     "and restarts",
     "kv_disk_cache_size": "byte budget of --kv-disk-cache, e.g. 20GB (least recently used "

@@ -1,11 +1,14 @@
-"""Ahead-of-time compiled decode steps of ``low_memory`` servers (executor/aot_graphs.py): the
-same greedy tokens and logits (within bf16 rounding) as the eager steps, for one request and
-batches; packages reused from disk by a later process, which never imports torch's compiler;
-a broken package leaves the steps eager with the reason in the status."""
+"""The lifecycle of the compiled CPU decode graphs (executor/aot_graphs.py), on ``low_memory``
+runners (two graphs, the cheapest to build): built once by a child process however many
+processes want them, the same greedy tokens and logits (within bf16 rounding) as the eager
+steps; loaded from disk by a later process, which never imports torch's compiler; a corrupt
+package is built again, never loaded; a build that fails or a cache that cannot be written
+leaves the steps eager with the reason in the status, logged once."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -15,7 +18,7 @@ import torch
 
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.executor import aot_graphs
-from radixlm.runtime.executor.aot_graphs import AotGraphs
+from radixlm.runtime.executor.aot_graphs import AotGraphs, file_digest
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.models.quant import int4_available
 from radixlm.runtime.models.quant_head import int8_head_available
@@ -28,20 +31,12 @@ pytestmark = [
         reason="torch lacks the int4/int8 kernels or AOTInductor",
     ),
 ]
+GRAPHS = ["1", "decode"]
 
 
 def low_memory_runner(model_path: str) -> ModelRunner:
     return ModelRunner(ServerArgs(model_path=model_path, dtype="bfloat16", low_memory=True,
                                   max_total_tokens=1024, disable_cpu_compile=False))  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def aot_cache(tmp_path_factory):
-    """A cache of its own for this module's packages (children inherit it)."""
-    path = str(tmp_path_factory.mktemp("aot-cache"))
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("RADIXLM_CACHE", path)
-        yield path
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +47,7 @@ def compiled(tiny_llama, aot_cache) -> ModelRunner:
 
     def counted(*args):
         calls.append(args)
-        compile_packages(*args)
+        yield from compile_packages(*args)
 
     runner, twin = low_memory_runner(tiny_llama), low_memory_runner(tiny_llama)
     assert isinstance(runner.cpu_graphs, AotGraphs) and runner.cpu_compile_status == "compiling"
@@ -64,11 +59,15 @@ def compiled(tiny_llama, aot_cache) -> ModelRunner:
         assert twin.cpu_graphs.wait(60)
     assert runner.cpu_compile_status == twin.cpu_compile_status == "ready"
     assert len(calls) == 1 and runner.cpu_graphs.dir == twin.cpu_graphs.dir
+    for graph in GRAPHS:  # NOTE: each published whole, as its record says
+        record = json.loads((runner.cpu_graphs.dir / f"{graph}.json").read_text())
+        assert file_digest(runner.cpu_graphs.dir / f"{graph}.pt2") == record["sha256"]
+    assert not list(runner.cpu_graphs.dir.glob("*.staged.pt2"))
     return runner
 
 
 def test_compiled_decode_matches_eager(compiled):
-    assert set(compiled.cpu_graphs.compile_s) == set(aot_graphs.GRAPHS)
+    assert set(compiled.cpu_graphs.compile_s) == set(GRAPHS)
     assert_decode_matches_eager(compiled, tol=5e-2)
 
 
@@ -94,6 +93,7 @@ def test_a_later_process_loads_the_packages_without_the_compiler(compiled, tiny_
     log_time = os.stat(directory / "compile.log").st_mtime_ns
     script = f"""
 import sys, time, torch
+torch.set_num_threads(1)  # NOTE: as this process: the graphs' thread count is in their key
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.executor.model_runner import ModelRunner
 r = ModelRunner(ServerArgs(model_path={tiny_llama!r}, dtype="bfloat16", low_memory=True,
@@ -109,28 +109,73 @@ print(r.cpu_compile_status, str(r.cpu_graphs.dir), time.perf_counter() - start,
     assert os.stat(directory / "compile.log").st_mtime_ns == log_time  # NOTE: no compile
 
 
-def test_a_broken_package_leaves_the_steps_eager(compiled, tiny_llama, aot_cache, tmp_path):
-    constants = json.loads((compiled.cpu_graphs.dir / aot_graphs.CONSTANTS_FILE).read_text())
+def test_a_corrupt_package_is_built_again_not_loaded(compiled, tiny_llama, tmp_path, caplog):
+    """A package whose bytes differ from its record (a torn copy, a disk fault) is deleted and
+    built again; the intact one is loaded as it is."""
     runner = low_memory_runner(tiny_llama)
     graphs = runner.cpu_graphs
     graphs.dir = tmp_path  # NOTE: a copy of the packages whose "decode" one is truncated
-    (tmp_path / aot_graphs.CONSTANTS_FILE).write_text(json.dumps(constants))
-    for graph in aot_graphs.GRAPHS:
+    for graph in GRAPHS:
         data = (compiled.cpu_graphs.dir / f"{graph}.pt2").read_bytes()
         (tmp_path / f"{graph}.pt2").write_bytes(data if graph == "1" else data[:1000])
-    assert graphs.wait(120)
-    assert graphs.status.startswith("failed: ") and "decode" not in graphs.ready
+        (tmp_path / f"{graph}.json").write_bytes((compiled.cpu_graphs.dir / f"{graph}.json")
+                                                 .read_bytes())  # fmt: skip
+    built, compile_packages = [], aot_graphs.compile_packages
+
+    def counted(*args):
+        built.append(args[2])
+        yield from compile_packages(*args)
+
+    with pytest.MonkeyPatch.context() as mp, caplog.at_level(logging.WARNING):
+        mp.setattr(aot_graphs, "compile_packages", counted)
+        assert graphs.wait(300)
+    assert graphs.status == "ready" and built == [["decode"]]
+    assert "corrupt package" in caplog.text
+    record = json.loads((tmp_path / "decode.json").read_text())
+    assert file_digest(tmp_path / "decode.pt2") == record["sha256"]
+    assert_decode_matches_eager(runner, tol=5e-2)
+
+
+def _failed_runner(tiny_llama: str, caplog) -> ModelRunner:
+    runner = low_memory_runner(tiny_llama)
+    with caplog.at_level(logging.WARNING):
+        assert runner.cpu_graphs.wait(300)
+    status = runner.cpu_compile_status
+    assert status.startswith("failed: ") and not runner.cpu_graphs.ready, status
+    warnings = [r for r in caplog.records if "CPU step graphs unavailable" in r.getMessage()]
+    assert len(warnings) == 1, caplog.text
     rows = decode_logits(runner, [0, 1], steps=2)  # NOTE: decode batches run eagerly
-    assert all(r.shape[0] == 2 for r in rows)
+    assert all(r.shape[0] == 2 and r.isfinite().all() for r in rows)
+    return runner
+
+
+def test_a_build_that_fails_in_its_child_leaves_the_steps_eager(
+    compiled, tiny_llama, tmp_path, caplog
+):
+    """The child's C++ compiler fails (``CXX=false``): the reason is in the status, logged
+    once, and every step runs eagerly. (``compiled``: this process loaded the C++ kernels
+    before, from the module's cache.)"""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RADIXLM_CACHE", str(tmp_path))
+        mp.setenv("CXX", "false")
+        runner = _failed_runner(tiny_llama, caplog)
+    assert "compile failed" in runner.cpu_compile_status
+    assert not list(runner.cpu_graphs.dir.glob("*.pt2"))
+
+
+def test_a_cache_that_cannot_be_written_leaves_the_steps_eager(compiled, tiny_llama, caplog):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RADIXLM_CACHE", "/proc/radixlm-cache")  # NOTE: read-only, even for root
+        _failed_runner(tiny_llama, caplog)
 
 
 def test_the_compile_loads_the_model_and_pool_this_process_loaded(aot_cache):
-    """No model path (the embedded model) and no pool size (sized from RAM): the compile
-    gets the resolved ones."""
+    """No model path (the embedded model) and no pool size (sized from RAM, and with it the
+    context): the compile gets the resolved ones."""
     runner = ModelRunner(ServerArgs(dtype="bfloat16", low_memory=True, disable_cpu_compile=False))
     args = runner.cpu_graphs.compile_args
     assert args.model_path == runner.model_path and os.path.isfile(args.model_path)
-    assert args.max_total_tokens == runner.max_total_tokens == runner.kv_pool.size
+    assert args.context_length == runner.context_len
 
 
 def test_a_compile_ends_with_the_process_that_started_it(tiny_llama, tmp_path):

@@ -1,20 +1,28 @@
-"""Compiled CPU decode steps (executor/cpu_graph_runner.py) against the eager steps they replace:
-the same logits (float32: to rounding; bfloat16: the same greedy tokens) for one request and for
-a batch of three with different lengths, and the same greedy text through an Engine."""
+"""The compiled CPU decode steps of a default scheduler (executor/aot_graphs.py: every graph)
+against the eager steps they replace: the same logits (float32: to rounding; bfloat16: the same
+greedy tokens) for one request, batches of 3 and 12, verify steps, the big steps' graphs and a
+shared prefix; a verify step bitwise the decode steps it replaces (int4); a later process loads
+them without torch's compiler; the same greedy text through an Engine."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from radixlm.runtime import threads
 from radixlm.runtime.config import ServerArgs
-from radixlm.runtime.executor.cpu_graph_runner import GRAPHS, decode_inputs, grid
+from radixlm.runtime.executor import aot_graphs
+from radixlm.runtime.executor.decode_step import grid
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.executor.model_runner import ModelRunner
+from radixlm.runtime.models.quant import int4_available
 from tests.runtime.test_threads import FixedLoad
 
 pytestmark = pytest.mark.timeout(900)
+needs_aot = pytest.mark.skipif(not aot_graphs.available(), reason="torch lacks AOTInductor")
 PROMPTS = [[5, 17, 300, 41, 9], [7, 8, 9], [400, 401, 402, 403, 404, 405, 406, 407, 408]]
 
 
@@ -90,40 +98,61 @@ def assert_decode_matches_eager(runner: ModelRunner, tol: float) -> None:
             torch.testing.assert_close(c, e, atol=tol, rtol=tol)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_compiled_decode_matches_eager(tiny_llama, dtype):
+@pytest.fixture(scope="module")
+def fp32_runner(tiny_llama, aot_cache) -> ModelRunner:
+    """A float32 runner (plain GEMMs) whose graphs are built and loaded."""
     runner = ModelRunner(ServerArgs(
-        model_path=tiny_llama, dtype=dtype, max_total_tokens=1024, disable_cpu_compile=False,
+        model_path=tiny_llama, dtype="float32", max_total_tokens=1024, disable_cpu_compile=False,
     ))  # fmt: skip
-    graphs = runner.cpu_graphs
-    assert graphs is not None and graphs.wait(600), "compiling took over 10 minutes"
+    assert runner.cpu_graphs is not None and runner.cpu_graphs.wait(800), "over 13 minutes"
     assert runner.cpu_compile_status == "ready", runner.cpu_compile_status
-    tol = 1e-4 if dtype == "float32" else 5e-2
+    return runner
+
+
+@pytest.fixture(scope="module")
+def int4_runner(tiny_llama, aot_cache) -> ModelRunner:
+    """A bf16 runner with the int4 / int8 decode copies and a big steps' count of 2 (so
+    every graph: ``wide`` and ``shared`` for 2 threads), its graphs built and loaded."""
+    if not int4_available():
+        pytest.skip("torch lacks the int4 kernel")
+    step_threads = threads.StepThreads(1, 2, load=FixedLoad(0.0))
+    runner = ModelRunner(ServerArgs(
+        model_path=tiny_llama, dtype="bfloat16", quantization="int4", max_total_tokens=2048,
+        disable_cpu_compile=False,
+    ), step_threads=step_threads)  # fmt: skip
+    assert runner.cpu_graphs.wait(800), "building took over 13 minutes"
+    assert runner.cpu_compile_status == "ready", runner.cpu_compile_status
+    assert runner.cpu_graphs.ready == {"1", "verify", "decode", "mixed", "batch", "wide",
+                                       "shared"}  # fmt: skip
+    return runner
+
+
+@needs_aot
+@pytest.mark.parametrize("which", ["fp32_runner", "int4_runner"])
+def test_compiled_decode_matches_eager(which, request):
+    runner = request.getfixturevalue(which)
+    graphs, tol = runner.cpu_graphs, 1e-4 if which == "fp32_runner" else 5e-2
     assert_decode_matches_eager(runner, tol)
     # NOTE: speculative verify steps (several tokens of a request, all with logits) of every
-    # size up to 8 tokens; each must find its graph, not compile one
+    # size up to 8 tokens; each must find its graph
     for extends in ([1, 1], [3, 1], [4, 1], [4, 2], [4, 4]):
         verify = verify_step(runner, extends)
-        assert graphs.can_run(verify)
-        with torch.inference_mode(), torch._dynamo.config.patch(error_on_recompile=True):
-            compiled = graphs._run(graphs.compiled, decode_inputs(verify))
+        assert graphs.can_run(verify), extends
+        compiled = runner.forward(verify)
         graphs.ready.clear()
         eager = runner.forward(verify_step(runner, extends))
         graphs.ready.update(graphs.compile_s)
         torch.testing.assert_close(compiled, eager, atol=tol, rtol=tol)
 
 
-def test_a_verify_step_computes_what_decode_steps_compute(tiny_llama):
+@needs_aot
+def test_a_verify_step_computes_what_decode_steps_compute(int4_runner):
     """With the int4 / int8 decode copies (bf16), a request's K tokens in one compiled step
     (speculative verify, alone or beside another request's decode) give bitwise the logits of
     K compiled decode steps, so speculation keeps greedy output token-identical. (Plain GEMMs
     do not: one row and several take different kernels.)"""
-    runner = ModelRunner(ServerArgs(
-        model_path=tiny_llama, dtype="bfloat16", quantization="int4", max_total_tokens=512,
-        disable_cpu_compile=False,
-    ))  # fmt: skip
+    runner = int4_runner
     assert runner.model.lm_head.__class__.__name__ == "Int8DecodeHead"
-    assert runner.cpu_graphs.wait(600) and runner.cpu_compile_status == "ready"
     table, prompt, tokens = runner.req_pool.table, PROMPTS[2], [5, 90, 31, 7, 400, 12, 88, 300]
     table[0, :64], table[1, :64] = torch.arange(1, 65), torch.arange(65, 129)
     n = len(prompt)
@@ -135,7 +164,7 @@ def test_a_verify_step_computes_what_decode_steps_compute(tiny_llama):
             req_slots=list(range(len(extend_lens))), out_cache_loc=torch.cat(slots),
             logits_indices=list(range(len(ids))), req_to_token=table,
         )  # fmt: skip
-        assert runner.cpu_graphs.can_run(batch) == (len(ids) <= 8)
+        assert runner.cpu_graphs.can_run(batch, 1) == (len(ids) <= 8)
         return runner.forward(batch)
 
     with torch.inference_mode():
@@ -148,7 +177,8 @@ def test_a_verify_step_computes_what_decode_steps_compute(tiny_llama):
             assert torch.equal(mixed[:k], decoded) and torch.equal(mixed[k], decoded[0]), k
 
 
-def test_large_decode_batches_run_compiled(tiny_llama, monkeypatch):
+@needs_aot
+def test_large_decode_batches_run_compiled(int4_runner, monkeypatch):
     """A decode batch of more than 8 requests (the bf16 weights through oneDNN, as an opaque
     op in the graph) runs its compiled graph with the eager step's tokens; on the big steps'
     pool (2 threads), the graph compiled for 2 threads; one whose requests share
@@ -156,54 +186,38 @@ def test_large_decode_batches_run_compiled(tiny_llama, monkeypatch):
     reads them once, as the eager cascade attention does)."""
     from radixlm.runtime.executor.attention.torch_backend import MIN_SHARED_PREFIX
 
+    runner, graphs = int4_runner, int4_runner.cpu_graphs
     monkeypatch.setattr(threads, "BIG_STEP_TOKENS", 12)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    step_threads = threads.StepThreads(1, 2, load=FixedLoad(0.0))
-    runner = ModelRunner(ServerArgs(
-        model_path=tiny_llama, dtype="bfloat16", quantization="int4", max_total_tokens=2048,
-        disable_cpu_compile=False,
-    ), step_threads=step_threads)  # fmt: skip
-    graphs = runner.cpu_graphs
+    step_threads, before = runner.step_threads, torch.get_num_threads()
+    rows, steps, run = list(range(12)), [], graphs.forward
+
+    def record(batch: ForwardBatch, n: int | None = None) -> torch.Tensor:
+        steps.append((len(batch.input_ids), n, graphs.graph_of(batch, n)[0]))
+        return run(batch, n)
+
+    monkeypatch.setattr(graphs, "forward", record)
+    header = [(11 * j) % 200 + 3 for j in range(MIN_SHARED_PREFIX + 6)]
     try:
-        assert graphs.wait(600) and runner.cpu_compile_status == "ready"
-        assert set(graphs.ready) == {*GRAPHS, "wide", "shared"}
-        rows, steps, run = list(range(12)), [], graphs.forward
-
-        def record(batch: ForwardBatch, n: int | None = None) -> torch.Tensor:
-            steps.append((len(batch.input_ids), n, graphs._graph(batch, n)[0]))
-            return run(batch, n)
-
-        graphs.forward = record
-        header = [(11 * j) % 200 + 3 for j in range(MIN_SHARED_PREFIX + 6)]
         wide = decode_logits(runner, rows, steps=3)
         shared = decode_logits(runner, rows, steps=3, header=header)
         runner.step_threads = None  # NOTE: the same steps on one thread
         torch.set_num_threads(1)
         compiled = decode_logits(runner, rows, steps=3)
+        shared_small = decode_logits(runner, rows, steps=3, header=header)
         # NOTE: all ran compiled but the shared steps on one thread (no graph for that count)
-        assert steps == [(12, 2, "wide")] * 3 + [(12, 2, "shared")] * 3 + [(12, None, "batch")] * 3
+        assert steps == ([(12, 2, "wide")] * 3 + [(12, 2, "shared")] * 3
+                         + [(12, None, "batch")] * 3)  # fmt: skip
         graphs.ready.clear()
         eager = decode_logits(runner, rows, steps=3)
         eager_shared = decode_logits(runner, rows, steps=3, header=header)
         graphs.ready.update(graphs.compile_s)
-        for got, want in zip(wide + compiled + shared, eager * 2 + eager_shared):
-            assert torch.equal(got.argmax(-1), want.argmax(-1))
-            torch.testing.assert_close(got, want, atol=5e-2, rtol=5e-2)
-        step = ForwardBatch.build(
-            input_ids=[5] * 12, prefix_lens=[MIN_SHARED_PREFIX + 2] * 12, extend_lens=[1] * 12,
-            req_slots=rows, out_cache_loc=torch.zeros(12, dtype=torch.int64),
-            logits_indices=rows, req_to_token=runner.req_pool.table,
-        )  # fmt: skip
-        # NOTE: the graphs were made on the compile thread with the process on one thread;
-        # their guards hold on two (a guard on the count would send the wide steps to eager)
-        torch.set_num_threads(2)
-        with torch.inference_mode(), torch._dynamo.config.patch(error_on_recompile=True):
-            graphs._run(graphs.compiled_wide, decode_inputs(step))
-            graphs._run(graphs.compiled, decode_inputs(step))
-            graphs._run(graphs.compiled_wide, decode_inputs(step, MIN_SHARED_PREFIX))
     finally:
+        runner.step_threads = step_threads
         torch.set_num_threads(before)
+    for got, want in zip(wide + compiled + shared + shared_small,
+                         eager * 2 + eager_shared * 2):  # fmt: skip
+        assert torch.equal(got.argmax(-1), want.argmax(-1))
+        torch.testing.assert_close(got, want, atol=5e-2, rtol=5e-2)
 
     table, shared = runner.req_pool.table, MIN_SHARED_PREFIX
     table[:12, :shared] = torch.arange(1, shared + 1)
@@ -218,8 +232,34 @@ def test_large_decode_batches_run_compiled(tiny_llama, monkeypatch):
 
     assert graphs.can_run(decode(shared + 1), 2) and not graphs.can_run(decode(shared + 1), 1)
     table[0, shared - 1] = 2000  # NOTE: now they share one slot less: the plain batch graphs
-    assert graphs._graph(decode(shared + 1), 2)[0] == "wide"
+    assert graphs.graph_of(decode(shared + 1), 2)[0] == "wide"
     assert graphs.can_run(decode(shared + 1), 1)
+
+
+@needs_aot
+def test_a_later_process_loads_them_without_the_compiler(fp32_runner, tiny_llama):
+    """A restart finds every graph on disk and loads it, with no import of torch's compiler
+    (dynamo, inductor) and no build."""
+    directory = fp32_runner.cpu_graphs.dir
+    log_time = (directory / "compile.log").stat().st_mtime_ns
+    script = f"""
+import sys, time, torch
+torch.set_num_threads(1)  # NOTE: as this process: the graphs' thread count is in their key
+from radixlm.runtime.config import ServerArgs
+from radixlm.runtime.executor.model_runner import ModelRunner
+r = ModelRunner(ServerArgs(model_path={tiny_llama!r}, dtype="float32", max_total_tokens=1024,
+                           disable_cpu_compile=False))
+from radixlm.kernels import cpu_ops
+cpu_ops.load()
+start = time.perf_counter()
+assert r.cpu_graphs.wait(120), "loading took over 2 minutes"
+print(r.cpu_compile_status, str(r.cpu_graphs.dir), time.perf_counter() - start,
+      any(m.startswith(("torch._dynamo", "torch._inductor")) for m in sys.modules))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=300, check=True).stdout.split()  # fmt: skip
+    assert out[:2] == ["ready", str(directory)] and out[3] == "False", out
+    assert (directory / "compile.log").stat().st_mtime_ns == log_time  # NOTE: no build
 
 
 def verify_step(runner: ModelRunner, extends: list[int]) -> ForwardBatch:
@@ -235,23 +275,27 @@ def verify_step(runner: ModelRunner, extends: list[int]) -> ForwardBatch:
     )  # fmt: skip
 
 
-def test_engine_greedy_text_is_the_same_compiled(tiny_llama):
+@needs_aot
+def test_engine_greedy_text_is_the_same_compiled(tiny_llama, aot_cache):
+    import time
+
     from radixlm import Engine
 
     prompts = ["The robot", "Once upon a time there was", "1, 2, 3,"]
     params = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
-    with Engine(tiny_llama, dtype="float32", disable_cpu_compile=True) as engine:
+    kw = {"dtype": "float32", "max_total_tokens": 1024}
+    with Engine(tiny_llama, disable_cpu_compile=True, **kw) as engine:
         eager = [o["text"] for o in engine.generate(prompts, params)]
-    with Engine(tiny_llama, dtype="float32", disable_cpu_compile=False) as engine:
+    with Engine(tiny_llama, disable_cpu_compile=False, **kw) as engine:
         assert engine.get_server_info()["stats"]["cpu_compile"] in ("compiling", "ready")
         first = [o["text"] for o in engine.generate(prompts, params)]  # NOTE: maybe still eager
-        import time
-
         deadline = time.monotonic() + 600
         while engine.get_server_info()["stats"]["cpu_compile"] == "compiling":
             assert time.monotonic() < deadline, "compiling took over 10 minutes"
             time.sleep(1)
-        assert engine.get_server_info()["stats"]["cpu_compile"] == "ready"
+        info = engine.get_server_info()["stats"]
+        assert info["cpu_compile"] == "ready" and info["cpu_graphs"]["building"] == []
+        assert "1" in info["cpu_graphs"]["loaded"]
         compiled = [o["text"] for o in engine.generate(prompts, params)]
         single = engine.generate(prompts[0], params)["text"]
     assert first == eager and compiled == eager and single == eager[0]

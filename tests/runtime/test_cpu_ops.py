@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from radixlm.kernels import cpu_ops
-from radixlm.runtime.executor.cpu_graph_runner import grid
+from radixlm.runtime.executor.decode_step import grid
 
 POOL = 600
 

@@ -1,13 +1,13 @@
-"""Compile a ``low_memory`` model's decode graphs ahead of time, in a child process of the
-scheduler (aot_graphs): ``python -m radixlm.runtime.executor.aot_compile DIR/args.json PID``
-(PID: the scheduler's).
+"""Compile a scheduler's decode graphs ahead of time, in a child process of it (aot_graphs):
+``python -m radixlm.runtime.executor.aot_compile DIR/args.json PID`` (PID: the scheduler's).
 
 The model loads as the scheduler's does; each graph is the model's own ``forward`` over
 :class:`DecodeInputs` with :class:`DecodeAttention`, exported with ``torch.export`` (the KV
 pool's layers as inputs the step writes) and compiled by AOTInductor into ``DIR/<graph>.pt2``
-without its constants. ``DIR/constants.json`` names each constant's source for the loader;
-nothing is published before each package ran two decode steps close to the eager ones
-(``check``).
+without its constants, for the graph's thread count. ``DIR/<graph>.json`` names each
+constant's source and holds the package's SHA-256; a package is published (renamed into place,
+then ``published <graph>`` printed) only after it ran two steps of its shape close to the
+eager steps (``check``).
 """
 
 from __future__ import annotations
@@ -23,17 +23,21 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from radixlm.kernels import cpu_ops
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.executor.aot_graphs import (
-    CONSTANTS_FILE,
-    GRAPHS,
+    Graph,
     bind_constants,
+    file_digest,
     open_package,
     run_package,
 )
-from radixlm.runtime.executor.cpu_graph_runner import (
+from radixlm.runtime.executor.attention.torch_backend import MIN_SHARED_PREFIX
+from radixlm.runtime.executor.decode_step import (
     DecodeAttention,
     DecodeInputs,
+    decode_inputs,
+    long_shared_prefix,
     scratch_inputs,
 )
 from radixlm.runtime.executor.forward_batch import ForwardBatch
@@ -41,7 +45,6 @@ from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.mem_cache.memory_pool import KVPool
 from radixlm.runtime.models.quant import GROUP
 
-CHECK_REQUESTS = {"1": 1, "decode": 3}  # requests in the check's steps, per graph
 PR_SET_PDEATHSIG = 1
 
 
@@ -53,95 +56,131 @@ class _PoolView(KVPool):
 
 
 class DecodeStep(nn.Module):
-    """The exported step: the model's forward over flat tensors (``DecodeInputs``' fields),
+    """The exported step: the model's forward over ``DecodeInputs``' fields (``flat`` order),
     then the KV pool's layers. The pool is an input, not a constant, so the package serves a
     pool of any size, writes the pool it is given, and the compile never copies it."""
 
-    def __init__(self, runner: ModelRunner) -> None:
+    def __init__(self, runner: ModelRunner, kernel: bool, flash: bool) -> None:
         super().__init__()
         self.model, self.scale, self.dtype = runner.model, runner.backend.scale, runner.dtype
+        self.kernel, self.flash = kernel, flash
 
     def forward(
-        self, input_ids, positions, logits_indices, out_cache_loc, token_slot, kv_index, key_mask,
-        k_pool: list[torch.Tensor], v_pool: list[torch.Tensor],
-    ) -> torch.Tensor:  # fmt: skip
-        inputs = DecodeInputs(input_ids, positions, logits_indices, out_cache_loc, token_slot,
-                              kv_index, key_mask)  # fmt: skip
-        attention = DecodeAttention(_PoolView(k_pool, v_pool, self.dtype), self.scale)
-        return self.model(inputs, attention)
+        self, fields: list[torch.Tensor], k_pool: list[torch.Tensor], v_pool: list[torch.Tensor]
+    ) -> torch.Tensor:
+        inputs = DecodeInputs(*fields)
+        pool = _PoolView(k_pool, v_pool, self.dtype)
+        return self.model(inputs, DecodeAttention(pool, self.scale, self.kernel, self.flash))
 
 
-def export(step: DecodeStep, graph: str, runner: ModelRunner) -> torch.export.ExportedProgram:
-    """``graph`` over any context length and pool size (and, for ``decode``, any number of
-    requests)."""
-    example = scratch_inputs([1] if graph == "1" else [1, 1, 1])
+def export(step: DecodeStep, graph: Graph, runner: ModelRunner) -> torch.export.ExportedProgram:
+    """``graph`` over any context length and pool size, and its range of requests (and of
+    tokens per request: ``verify`` and ``mixed`` take up to 8 tokens)."""
+    shared = MIN_SHARED_PREFIX if graph.shared else 0
+    example = scratch_inputs(list(graph.example), shared)
     ctx = torch.export.Dim("L", min=2, max=runner.context_len + 1)
     slots = torch.export.Dim("S", min=2, max=1 << 40)
-    if graph == "1":
-        per_token, kv_index, key_mask = None, {1: ctx}, {2: ctx}
+    lo, hi = graph.requests
+    reqs = torch.export.Dim("R", min=lo, max=hi) if hi > 1 else None
+    per_req = max(graph.example)
+    if per_req == 1:  # NOTE: one token per request: the tokens are the requests
+        token = {0: reqs} if reqs else None
+        kv_index, key_mask = {0: reqs, 1: ctx} if reqs else {1: ctx}, {2: ctx}
+        if reqs:
+            key_mask[0] = reqs
     else:
-        reqs = torch.export.Dim("R", min=2, max=max(runner.req_pool.table.shape[0], 3))
-        per_token, kv_index, key_mask = {0: reqs}, {0: reqs, 1: ctx}, {0: reqs, 2: ctx}
+        token = {0: torch.export.Dim("T", min=2, max=8)}
+        extend = torch.export.Dim("E", min=2, max=8)
+        kv_index = {0: reqs, 1: ctx} if reqs else {1: ctx}
+        key_mask = {0: reqs, 1: extend, 2: ctx} if reqs else {1: extend, 2: ctx}
+    fields = [token] * 5 + [kv_index, key_mask]
+    if shared:
+        fields.append({0: torch.export.Dim("P", min=MIN_SHARED_PREFIX, max=runner.context_len)})
     pool = [{0: slots}] * len(runner.kv_pool.k)
-    shapes = ((per_token,) * 5 + (kv_index, key_mask, pool, pool))
-    inputs = (*example.flat(), runner.kv_pool.k, runner.kv_pool.v)
+    inputs = (list(example.flat()), runner.kv_pool.k, runner.kv_pool.v)
     with torch.inference_mode():
-        return torch.export.export(step, inputs, dynamic_shapes=shapes, strict=False)
+        return torch.export.export(step, inputs, dynamic_shapes=(fields, pool, pool),
+                                   strict=False)  # fmt: skip
 
 
 def constant_sources(
     names: list[str], program: torch.export.ExportedProgram, runner: ModelRunner
 ) -> dict[str, str]:
-    """Each package constant's source (``aot_graphs.constant_value``): a model tensor, a
-    rotary table (lifted by export), else a constant inductor made (the group size of the int4
-    matmul's lowering; the check proves it)."""
+    """Each package constant's source (``aot_graphs.constant_value``): a parameter or buffer
+    (named as in the model); else the program's constant of that index (inductor names them
+    ``_tensor_constant<i>`` in the program's order): a tensor of the model (the bf16 weights in
+    oneDNN's layout) or a rotary table (lifted by export); else a scalar inductor made (the
+    group size of the int4 matmul's lowering). The check proves the wiring."""
     tables = {t.data_ptr(): i for i, t in enumerate(runner.model.rotary._table)}
-    # NOTE: export names the tensors it lifts "...lifted_tensor_<i>", inductor "_tensor_constant<i>"
-    lifted = {name.rpartition("lifted_tensor_")[2]: t
-              for name, t in program.constants.items() if "lifted_tensor_" in name}  # fmt: skip
+    attributes = {}
+    for path, module in runner.model.named_modules():
+        for attr, value in vars(module).items():
+            if isinstance(value, torch.Tensor):
+                attributes[id(value)] = f"{path}.{attr}".lstrip(".")
+    tensors = list(program.constants.values())
     sources = {}
     for name in names:
         if name.startswith("model."):
             sources[name] = f"model:{name.removeprefix('model.')}"
         elif name.startswith("_tensor_constant"):
-            index = name.removeprefix("_tensor_constant")
-            sources[name] = f"rotary:{tables[lifted[index].data_ptr()]}"
+            tensor = tensors[int(name.removeprefix("_tensor_constant"))]
+            if id(tensor) in attributes:
+                sources[name] = f"model:{attributes[id(tensor)]}"
+            else:
+                sources[name] = f"rotary:{tables[tensor.data_ptr()]}"
         else:
             sources[name] = f"int:{GROUP}"
     return sources
 
 
-def check(graph: str, package: object, runner: ModelRunner) -> None:
-    """Two decode steps of ``CHECK_REQUESTS[graph]`` requests (the second reading the KV the
-    first wrote) through the package, against each request's steps run eagerly alone (the
-    float32 attention the graphs compute; an eager batch attends in bf16): finite logits whose
-    mean difference is within 5% of their spread. A constant given the wrong tensor is off by
-    about the spread itself."""
-    reqs, table = CHECK_REQUESTS[graph], runner.req_pool.table
+def check(graph: Graph, package: object, runner: ModelRunner) -> None:
+    """Two steps of the graph's example shape (the second reading the KV the first wrote),
+    each request after a context of its own (and, for ``shared``, a shared prefix), through
+    the package and then eagerly on other slots: finite logits whose mean difference is
+    within 5% of their spread (eager batches attend in bf16, the graphs in float32). A
+    constant given the wrong tensor is off by about the spread itself."""
+    lens, shared = list(graph.example), MIN_SHARED_PREFIX if graph.shared else 0
+    reqs, own, vocab = len(lens), 1 + 2 * max(lens), runner.config.vocab_size
+    table = runner.req_pool.table
 
-    def steps(requests: list[int], base: int, run) -> list[torch.Tensor]:
-        for i, r in enumerate(requests):
-            table[i, :3] = torch.tensor([0, base + 2 * r, base + 2 * r + 1])
-        out = []
-        for pos in (1, 2):
-            batch = ForwardBatch.build(
-                input_ids=[7 + 11 * r + pos for r in requests], prefix_lens=[pos] * len(requests),
-                extend_lens=[1] * len(requests), req_slots=list(range(len(requests))),
-                out_cache_loc=table[: len(requests), pos].clone(),
-                logits_indices=list(range(len(requests))), req_to_token=table,
-            )  # fmt: skip
-            out.append(run(batch))
+    def steps(base: int, run) -> list[torch.Tensor]:
+        for r in range(reqs):
+            table[r, :shared] = torch.arange(1, shared + 1)
+            start = base + r * own
+            table[r, shared : shared + own] = torch.arange(start, start + own)
+        if shared:
+            runner.forward(_batch([3 + i % 50 for i in range(shared)], [0], [shared], table))
+        runner.forward(_batch([5 + r for r in range(reqs)], [shared] * reqs, [1] * reqs, table))
+        out, pos = [], [shared + 1] * reqs
+        for step in range(2):
+            ids = [(7 + 11 * r + 3 * step + j) % vocab for r in range(reqs) for j in range(lens[r])]
+            out.append(run(_batch(ids, pos, lens, table)))
+            pos = [p + n for p, n in zip(pos, lens)]
         return out
 
+    def compiled(batch: ForwardBatch) -> torch.Tensor:
+        inputs = decode_inputs(batch, long_shared_prefix(batch) if shared else 0)
+        return run_package(package, inputs, runner.kv_pool)
+
     with torch.inference_mode():
-        alone = [steps([r], 1, runner.forward) for r in range(reqs)]
-        compiled = steps(list(range(reqs)), 1 + 2 * reqs,
-                         lambda batch: run_package(package, batch, runner.kv_pool))  # fmt: skip
-    for step, logits in enumerate(compiled):
-        eager = torch.cat([a[step] for a in alone])
+        got = steps(1 + shared, compiled)
+        want = steps(1 + shared + reqs * own, runner.forward)
+    for logits, eager in zip(got, want):
         off = (logits - eager).abs().mean(-1)
         if not logits.isfinite().all() or (off > 0.05 * eager.std(-1)).any():
-            raise RuntimeError(f"graph {graph}: logits off the eager step's by {off.tolist()}")
+            raise RuntimeError(f"logits off the eager step's by {off.tolist()}")
+
+
+def _batch(ids: list[int], prefix_lens: list[int], extend_lens: list[int], table) -> ForwardBatch:
+    """A step of ``extend_lens[r]`` tokens of request (row) ``r`` after ``prefix_lens[r]``, every
+    token with logits (a prefill where there is one request of many tokens: its last)."""
+    slots = [table[r, p : p + n] for r, (p, n) in enumerate(zip(prefix_lens, extend_lens))]
+    rows = list(range(len(ids))) if len(ids) <= 8 or len(extend_lens) > 1 else [len(ids) - 1]
+    return ForwardBatch.build(
+        input_ids=ids, prefix_lens=prefix_lens, extend_lens=extend_lens,
+        req_slots=list(range(len(extend_lens))), out_cache_loc=torch.cat(slots),
+        logits_indices=rows, req_to_token=table,
+    )  # fmt: skip
 
 
 def _end_with_parent(parent: int) -> None:
@@ -154,30 +193,41 @@ def _end_with_parent(parent: int) -> None:
         sys.exit(1)
 
 
-def main(spec_path: str, parent: int) -> None:
-    _end_with_parent(parent)
-    os.nice(10)  # NOTE: the server goes on serving beside it
-    directory = Path(spec_path).parent
-    args = ServerArgs(**json.loads(Path(spec_path).read_text()), disable_cpu_compile=True)
-    runner = ModelRunner(args)
-    step = DecodeStep(runner).eval()
+def build(directory: Path, name: str, graph: Graph, step: DecodeStep, runner: ModelRunner):
+    """Compile, check and publish one graph."""
     import torch._inductor.config as inductor
 
     inductor.compile_threads = 1  # NOTE: one core, no pool of compile processes
-    options = {"aot_inductor.package_constants_in_so": False, "emulate_precision_casts": True}
-    constants = {}
-    for graph in GRAPHS:
-        program = export(step, graph, runner)
-        staged = str(directory / f"{graph}.staged.pt2")
-        torch._inductor.aoti_compile_and_package(program, package_path=staged,
-                                                 inductor_configs=options)  # fmt: skip
-        package = open_package(staged)
-        constants[graph] = constant_sources(package.get_constant_fqns(), program, runner)
-        check(graph, bind_constants(package, constants[graph], runner.model), runner)
-        print(f"compiled and checked graph {graph}", flush=True)
-    (directory / CONSTANTS_FILE).write_text(json.dumps(constants))
-    for graph in GRAPHS:
-        os.replace(directory / f"{graph}.staged.pt2", directory / f"{graph}.pt2")
+    program = export(step, graph, runner)
+    staged = directory / f"{name}.staged.pt2"
+    options = {"aot_inductor.package_constants_in_so": False, "emulate_precision_casts": True,
+               "cpp.threads": graph.threads}  # fmt: skip
+    torch._inductor.aoti_compile_and_package(program, package_path=str(staged),
+                                             inductor_configs=options)  # fmt: skip
+    package = open_package(staged)
+    constants = constant_sources(package.get_constant_fqns(), program, runner)
+    check(graph, bind_constants(package, constants, runner.model), runner)
+    record = {"constants": constants, "sha256": file_digest(staged)}
+    (directory / f"{name}.json").write_text(json.dumps(record))
+    os.replace(staged, directory / f"{name}.pt2")
+    print(f"published {name}", flush=True)
+
+
+def main(spec_path: str, parent: int) -> None:
+    _end_with_parent(parent)
+    os.nice(10)  # NOTE: the server goes on serving beside it
+    directory, spec = Path(spec_path).parent, json.loads(Path(spec_path).read_text())
+    args = ServerArgs(**spec["args"], disable_cpu_compile=True)
+    # NOTE: a pool as long as the context (the packages take a pool of any size)
+    runner = ModelRunner(args.replace(max_total_tokens=args.context_length))
+    torch.set_num_threads(1)
+    kernel = cpu_ops.load()
+    flash = kernel and cpu_ops.flash_ready(runner.dtype, runner.config.head_dim)
+    step = DecodeStep(runner, kernel, flash).eval()
+    for name in spec["names"]:
+        graph = spec["graphs"][name]
+        build(directory, name, Graph(tuple(graph["example"]), tuple(graph["requests"]),
+                                     graph["threads"], graph["shared"]), step, runner)  # fmt: skip
 
 
 if __name__ == "__main__":

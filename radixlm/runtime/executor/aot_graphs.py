@@ -1,28 +1,31 @@
-"""Decode steps compiled ahead of time (AOTInductor) for ``low_memory`` servers on CPU.
+"""Compiled CPU decode steps: AOTInductor packages built by a child process, loaded when ready.
 
-``torch.compile`` (cpu_graph_runner) keeps torch's compiler in the scheduler: ~150 MB of
-imported modules and ~30 MB per compiled graph, which is why ``low_memory`` ran its steps
-eagerly (SmolLM2-135M: ~37 tok/s single stream). Here the decode graphs are exported and
-compiled by a child process (``aot_compile``) into packages on disk, and the scheduler loads
-each package's shared library with ``torch._C._aoti`` alone: no dynamo, no inductor, no guards
-to check at every step (SmolLM2 here, two bench_offline runs: single stream 87.6 and 72.9
-tok/s against 70.8 and 53.0 with ``torch.compile``, ~40 eager; the scheduler idles at ~420 MB
-either way).
+A decode step of a small model runs ~2x faster compiled than eager (``decode_step``). The
+graphs are never compiled in the scheduler's process: a child (``aot_compile``, at low
+priority, one compile thread) exports the model's ``forward`` over :class:`DecodeInputs` and
+AOTInductor compiles it into a package on disk, one graph at a time, each checked against the
+eager step before it is published. The scheduler's background thread only waits for the child
+and loads each package as it appears (``torch._C._aoti`` alone: no dynamo, no inductor, no
+guards at each step); until a step's graph is loaded, the step runs eagerly, at the eager
+path's full speed, since the compile shares neither the scheduler's process nor its GIL.
 
-A package holds code, not weights: it is loaded with the scheduler's own tensors (the model's
-parameters and buffers, the rotary tables) as user-managed constants, so nothing is copied;
-the KV pool's layers are inputs of every step (of any size; the step writes its K and V into
-them). Which tensor each of the package's constants is comes from the ``constants.json`` the
-compile wrote beside it (the compile checked it: it ran the package against the eager steps
-before publishing it). The compile ends with the scheduler that started it.
+A package holds code, not weights: it is loaded with the scheduler's own tensors (parameters,
+buffers, the bf16 weights in oneDNN's layout, the rotary tables) as user-managed constants, so
+nothing is copied; the KV pool's layers are inputs of every step (of any size; the step writes
+its K and V into them). ``<graph>.json`` beside each package names each constant's source and
+the package's SHA-256: a package whose bytes differ (a torn or corrupted file) is deleted and
+built again, never loaded.
 
-Two graphs: a single request's decode token (``"1"``) and a decode batch of any size
-(``"decode"``); the int4 layers serve every row count in ``low_memory``, so one graph covers
-every batch. A batch whose requests share ``MIN_SHARED_PREFIX`` slots runs eagerly (cascade),
-as with the compiled graphs. Packages are cached under ``$RADIXLM_CACHE/aot`` keyed by the
-model file, the pool and context sizes, torch's version and this package's runtime sources:
-the first start compiles in the background (~2.5 min for SmolLM2 here) while steps run eagerly;
-later starts load in well under a second.
+Graphs (``plan``): one token (``"1"``); one request's token and draft (``"verify"``);
+decode batches of 2-8 requests (``"decode"``) and mixes (``"mixed"``), where the int4/int8
+copies serve; decode batches of more (``"batch"``, the bf16 weights through oneDNN), the same
+for the big steps' thread count (``"wide"``: inductor splits loops for the count it compiles
+for) and for batches whose requests share ``MIN_SHARED_PREFIX`` slots (``"shared"``). A
+``low_memory`` model's int4-only layers serve every row count, so it has ``"1"`` and a
+``"decode"`` of any size. Packages live under ``$RADIXLM_CACHE/aot/<key>``, the key hashing
+the model files' names, sizes and dates, the arguments the code depends on (``KEY_FIELDS``),
+the plan, torch's version, the CPU's flags and this package's runtime and kernel sources; a
+lock file makes processes with one key compile once.
 """
 
 from __future__ import annotations
@@ -34,7 +37,9 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -42,9 +47,9 @@ import torch
 from radixlm.kernels import cpu_ops
 from radixlm.runtime import threads
 from radixlm.runtime.config import ServerArgs
-from radixlm.runtime.executor.cpu_graph_runner import (
+from radixlm.runtime.executor.decode_step import (
     MAX_ROWS,
-    BackgroundGraphs,
+    DecodeInputs,
     decode_inputs,
     long_shared_prefix,
 )
@@ -54,89 +59,198 @@ from radixlm.runtime.mem_cache.memory_pool import KVPool
 
 logger = logging.getLogger(__name__)
 
-GRAPHS = ("1", "decode")
-CONSTANTS_FILE = "constants.json"
-_RUNTIME_DIR = Path(__file__).resolve().parents[1]  # NOTE: radixlm/runtime: the key's sources
+_PACKAGE_DIR = Path(__file__).resolve().parents[2]  # NOTE: radixlm/: the key's sources
+_SOURCES = ("runtime/**/*.py", "kernels/*.py", "kernels/*.cpp", "kernels/*.h")
+
+
+@dataclass(frozen=True)
+class Graph:
+    """One compiled step: its example (tokens per request), the range of its request count,
+    the thread count it is compiled for, and whether it reads a shared prefix apart."""
+
+    example: tuple[int, ...]
+    requests: tuple[int, int]
+    threads: int
+    shared: bool = False
+
+
+def plan(low_memory: bool, small: int, big: int | None, max_requests: int) -> dict[str, Graph]:
+    """The graphs of a scheduler (module docstring), in the order they compile: those of the
+    commonest steps first."""
+    if low_memory:
+        graphs = {"1": Graph((1,), (1, 1), small), "decode": Graph((1, 1, 1), (2, max_requests),
+                                                                   small)}  # fmt: skip
+    else:
+        few, many = (2, min(MAX_ROWS, max_requests)), (MAX_ROWS + 1, max_requests)
+        graphs = {
+            "1": Graph((1,), (1, 1), small),
+            "decode": Graph((1, 1, 1), few, small),
+            "batch": Graph((1,) * 16, many, small),
+            "wide": Graph((1,) * 16, many, big or small),
+            "shared": Graph((1,) * 16, many, big or small, shared=True),
+            "verify": Graph((3,), (1, 1), small),
+            "mixed": Graph((4, 1), few, small),
+        }
+        if big is None or big == small:
+            del graphs["wide"]
+    return {name: g for name, g in graphs.items() if g.requests[0] <= g.requests[1]}
 
 
 def available() -> bool:
     return hasattr(torch._C, "_aoti") and hasattr(torch._C._aoti, "AOTIModelPackageLoader")
 
 
-def graph_of(batch: ForwardBatch) -> str | None:
-    """The graph of a decode step (every token a request's only one, each needing logits)."""
-    tokens = batch.input_ids.shape[0]
-    if tokens != len(batch.extend_lens_list) or batch.logits_indices.shape[0] != tokens:
-        return None
-    if min(batch.seq_lens_list) < 2:  # NOTE: the graphs' context length starts at 2
-        return None
-    return "1" if tokens == 1 else "decode"
+class AotGraphs:
+    """The compiled decode graphs of one scheduler (see module): ``start`` loads them on a
+    background thread, building the missing ones in a child process first; ``can_run`` /
+    ``forward`` serve the steps whose graph is loaded."""
 
-
-class AotGraphs(BackgroundGraphs):
-    """The ahead-of-time compiled decode graphs of one model (see module); ``start`` loads
-    them, compiling them first in a child process if they are not on disk."""
-
-    graphs = GRAPHS
-
-    def __init__(self, args: ServerArgs, model: torch.nn.Module, kv_pool: KVPool) -> None:
-        """``args``: the model's resolved path, the pool's resolved size."""
-        super().__init__("aot-graphs")
-        self.model, self.kv_pool, self.compile_args = model, kv_pool, args
-        self.dir = package_dir(args)
+    def __init__(
+        self, args: ServerArgs, model: torch.nn.Module, kv_pool: KVPool, small: int,
+        big: int | None = None, context_len: int | None = None,
+    ) -> None:  # fmt: skip
+        """``args``: the model's resolved path; ``small`` / ``big``: the thread counts of small
+        and big steps; ``context_len``: the rotary table's length less one."""
+        self.model, self.kv_pool = model, kv_pool
+        self.small, self.big = small, big if big != small else None
+        self.graphs = plan(args.low_memory, small, self.big, args.max_running_requests)
+        self.compile_args = args.replace(context_length=context_len or args.context_length)
+        self.dir = package_dir(self.compile_args, self.graphs)
+        self.ready: set[str] = set()
+        self.compile_s: dict[str, float] = {}  # NOTE: seconds from start to each graph's load
+        self.building: list[str] = []
+        self.since: float | None = None  # NOTE: when the child started building (epoch s)
+        self.error: str | None = None
         self._loaders: dict[str, object] = {}
+        self._thread = threading.Thread(target=self._make, name="aot-graphs", daemon=True)
+
+    def start(self) -> None:
+        """Start loading (and, where missing, building) the graphs in the background, once."""
+        if self._thread.ident is None:
+            self._thread.start()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Start if needed and block until every graph is loaded (or failed); False on
+        timeout."""
+        self.start()
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    @property
+    def status(self) -> str:
+        if self.error is not None:
+            return f"failed: {self.error}"
+        return "ready" if len(self.ready) == len(self.graphs) else "compiling"
+
+    def describe(self) -> dict:
+        """``get_server_info``'s view: which graphs are loaded, which are building and since
+        when, where they live."""
+        return {
+            "status": self.status, "loaded": sorted(self.ready), "building": self.building,
+            "building_since": self.since, "load_s": self.compile_s, "dir": str(self.dir),
+        }  # fmt: skip
+
+    def graph_of(self, batch: ForwardBatch, threads: int | None = None) -> tuple[str | None, int]:
+        """The graph for ``batch`` on ``threads`` threads (None: the small count), loaded or
+        not, and the KV slots its requests share (read apart by ``shared``); None if none."""
+        tokens, reqs = batch.input_ids.shape[0], len(batch.extend_lens_list)
+        if batch.logits_indices.shape[0] != tokens or min(batch.seq_lens_list) < 2:
+            return None, 0  # NOTE: the graphs' context length starts at 2
+        shared, name = 0, None
+        if tokens == 1:
+            name = "1"
+        elif tokens != reqs:  # NOTE: several tokens of a request (verify steps)
+            name = None if tokens > MAX_ROWS else "verify" if reqs == 1 else "mixed"
+        elif tokens > MAX_ROWS and (shared := long_shared_prefix(batch)):
+            name = "shared"
+        elif tokens <= MAX_ROWS or "batch" not in self.graphs:  # NOTE: low_memory's any size
+            name = "decode"
+        else:
+            name = "wide" if threads is not None and threads == self.big else "batch"
+        graph = self.graphs.get(name)
+        if graph is None or graph.threads != (threads or self.small):
+            return None, 0
+        return name, shared
 
     def can_run(self, batch: ForwardBatch, threads: int | None = None) -> bool:
-        """A decode step whose graph is ready, run on one thread (None: the graphs' own
-        count; the packages are compiled for one)."""
-        graph = graph_of(batch)
-        if graph not in self.ready or threads not in (None, 1):
+        """A step whose tokens all need logits (decode, verify) and whose graph is loaded."""
+        name, _ = self.graph_of(batch, threads)
+        if name not in self.ready:
             return False
-        return batch.input_ids.shape[0] <= MAX_ROWS or not long_shared_prefix(batch)
+        return torch.equal(batch.logits_indices, torch.arange(batch.input_ids.shape[0]))
 
     def forward(self, batch: ForwardBatch, threads: int | None = None) -> torch.Tensor:
-        return run_package(self._loaders[graph_of(batch)], batch, self.kv_pool)
+        """Logits ``[T, vocab]`` of the step, from its graph (which writes its K and V)."""
+        name, shared = self.graph_of(batch, threads)
+        return run_package(self._loaders[name], decode_inputs(batch, shared), self.kv_pool)
 
     def _make(self) -> None:
         start = time.perf_counter()
-        # NOTE: the C++ kernels serve eager steps here (prefill's flash attention, greedy
-        # argmax; ~5 MB), not the packages, which cannot call a library op
+        # NOTE: the packages call the C++ kernels' ops, which must be registered first (and the
+        # eager steps use them: prefill's flash attention, greedy argmax)
         cpu_ops.load()
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
-            # NOTE: one compile per key at a time: another process (a dp replica, a test) with
-            # the same key waits for it and then loads its packages
+            # NOTE: one build per key at a time: another process (a dp replica, a second
+            # server) with the same key waits for it, then loads its packages
             with open(self.dir / "lock", "w") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)
-                if not all((self.dir / f"{g}.pt2").is_file() for g in GRAPHS):
-                    compile_packages(self.compile_args, self.dir)
-            constants = json.loads((self.dir / CONSTANTS_FILE).read_text())
-            for graph in GRAPHS:
-                package = open_package(self.dir / f"{graph}.pt2")
-                self._loaders[graph] = bind_constants(package, constants[graph], self.model)
-                self.compile_s[graph] = round(time.perf_counter() - start, 1)
-                self.ready.add(graph)
+                missing = [g for g in self.graphs if not self._load(g, start, fresh=False)]
+                if missing:
+                    self._build(missing, start)
         except Exception as e:  # noqa: BLE001  (eager steps go on; the reason is reported)
-            self._failed(e, "ahead-of-time decode graphs unavailable")
+            self.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            logger.warning("CPU step graphs unavailable, those steps stay eager: %s", self.error)
             return
-        logger.info("ahead-of-time decode graphs ready in %.1f s (%s)",
-                    time.perf_counter() - start, self.dir)  # fmt: skip
+        finally:
+            self.building = []
+        logger.info("CPU step graphs ready in %.1f s (%s)", time.perf_counter() - start, self.dir)
+
+    def _load(self, name: str, start: float, fresh: bool) -> bool:
+        """Load graph ``name`` from disk; False if it is not there. A package whose bytes do
+        not match its record is deleted (and so built again), unless it was just built."""
+        path, record = self.dir / f"{name}.pt2", self.dir / f"{name}.json"
+        if not (path.is_file() and record.is_file()):
+            return False
+        meta = json.loads(record.read_text())
+        if file_digest(path) != meta["sha256"]:
+            if fresh:
+                raise RuntimeError(f"graph {name}: the package changed as it was published")
+            logger.warning("CPU step graph %s: corrupt package in %s, building it again",
+                           name, self.dir)  # fmt: skip
+            path.unlink()
+            record.unlink()
+            return False
+        self._loaders[name] = bind_constants(open_package(path), meta["constants"], self.model)
+        self.compile_s[name] = round(time.perf_counter() - start, 1)
+        self.ready.add(name)
+        return True
+
+    def _build(self, names: list[str], start: float) -> None:
+        """Build ``names`` in a child process, loading each as it is published."""
+        self.building, self.since = list(names), time.time()
+        logger.info("building %d CPU step graphs in the background (%s); their steps run "
+                    "eagerly until each is loaded", len(names), ", ".join(names))  # fmt: skip
+        for name in compile_packages(self.compile_args, self.graphs, names, self.dir):
+            self._load(name, start, fresh=True)
+            self.building.remove(name)
+            logger.info("CPU step graph %s ready (%d/%d, %.0f s)", name, len(self.ready),
+                        len(self.graphs), time.perf_counter() - start)  # fmt: skip
 
 
-# The server arguments the compiled code depends on (the model, its dtype and quantisation, the
-# KV pool's and rotary table's sizes, the largest batch): the child gets these alone
+# The server arguments the compiled code depends on (the model, its dtype and quantisation,
+# the rotary table's length, the largest batch): the child gets these alone
 KEY_FIELDS = ("model_path", "load_format", "quantization", "low_memory", "dtype", "device",
-              "context_length", "max_total_tokens", "max_running_requests")  # fmt: skip
+              "context_length", "max_running_requests")  # fmt: skip
 
 
 def compile_spec(args: ServerArgs) -> dict:
     return {name: getattr(args, name) for name in KEY_FIELDS}
 
 
-def package_dir(args: ServerArgs) -> Path:
-    """Where the packages of ``args`` live, keyed by what the compiled code depends on: the
-    model files' names, sizes and dates, ``compile_spec``, torch's version and the runtime's
-    sources."""
+def package_dir(args: ServerArgs, graphs: dict[str, Graph]) -> Path:
+    """Where the packages of ``args`` live, keyed by what the compiled code depends on (module
+    docstring)."""
     path = os.path.abspath(args.model_path)
     files = [path] if os.path.isfile(path) else sorted(
         os.path.join(path, n) for n in os.listdir(path) if n.endswith((".json", ".safetensors"))
@@ -146,27 +260,40 @@ def package_dir(args: ServerArgs) -> Path:
         stat = os.stat(f)
         digest.update(f"{f}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
     digest.update(json.dumps(compile_spec(args), sort_keys=True).encode())
-    digest.update(torch.__version__.encode())
-    for source in sorted(_RUNTIME_DIR.rglob("*.py")):
+    digest.update(json.dumps({n: asdict(g) for n, g in graphs.items()}).encode())
+    digest.update(f"{torch.__version__}\n{cpu_ops.cpu_flags()}".encode())
+    for source in sorted(p for pattern in _SOURCES for p in _PACKAGE_DIR.glob(pattern)):
         digest.update(source.read_bytes())
     return Path(cache_root()) / "aot" / digest.hexdigest()[:24]
 
 
-def compile_packages(args: ServerArgs, directory: Path) -> None:
-    """Run the compile (``aot_compile``) in a child process with one thread; raises with the
-    last error line of its log when it fails."""
+def compile_packages(args: ServerArgs, graphs: dict[str, Graph], names: list[str], directory:
+                     Path):  # fmt: skip
+    """Run the compile (``aot_compile``) of ``names`` in a child process; yields each graph's
+    name once its package is published, and raises with the last error line of the child's
+    log if it fails."""
     spec = directory / "args.json"
-    spec.write_text(json.dumps(compile_spec(args)))
+    spec.write_text(json.dumps({"args": compile_spec(args), "names": names,
+                                "graphs": {n: asdict(g) for n, g in graphs.items()}}))  # fmt: skip
     log = directory / "compile.log"
     command = [sys.executable, "-m", "radixlm.runtime.executor.aot_compile", str(spec),
                str(os.getpid())]  # fmt: skip
-    with open(log, "w") as out:
-        code = subprocess.call(command, stdout=out, stderr=subprocess.STDOUT,
-                               env=threads.child_env(1))  # fmt: skip
+    with open(log, "w") as err:
+        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err, text=True,
+                                 env=threads.child_env(1))  # fmt: skip
+        for line in child.stdout:
+            if line.startswith("published "):
+                yield line.split()[1]
+        code = child.wait()
     if code != 0:
         lines = log.read_text().splitlines()
         errors = [line for line in lines if line[:1].isalpha() and "Error" in line.split(":")[0]]
         raise RuntimeError(f"compile failed ({log}): {(errors or lines or [code])[-1]}")
+
+
+def file_digest(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def open_package(path: Path | str) -> object:
@@ -177,24 +304,27 @@ def open_package(path: Path | str) -> object:
 def bind_constants(package: object, constants: dict[str, str], model: torch.nn.Module) -> object:
     """Give ``package`` the scheduler's own tensors (``constants``: each constant's source, as
     ``aot_compile.constant_sources`` named it); returns it."""
-    tensors = dict(model.named_parameters(remove_duplicate=False))
-    tensors.update(model.named_buffers(remove_duplicate=False))
-    values = {name: constant_value(source, tensors, model) for name, source in constants.items()}
+    values = {name: constant_value(source, model) for name, source in constants.items()}
     # NOTE: user-managed: the runner reads and writes these tensors, it keeps no copy
     package.load_constants(values, False, True, True)
     return package
 
 
-def run_package(package: object, batch: ForwardBatch, kv_pool: KVPool) -> torch.Tensor:
-    """Logits ``[T, vocab]`` of a decode step, from a loaded package (which writes the step's
-    K and V into ``kv_pool``)."""
-    return package.run([*decode_inputs(batch).flat(), *kv_pool.k, *kv_pool.v])[0]
+def run_package(package: object, inputs: DecodeInputs, kv_pool: KVPool) -> torch.Tensor:
+    """Logits ``[T, vocab]`` of a decode step from a loaded package, which writes the step's K
+    and V into ``kv_pool``."""
+    return package.run([*inputs.flat(), *kv_pool.k, *kv_pool.v])[0]
 
 
-def constant_value(source: str, tensors: dict[str, torch.Tensor], model: torch.nn.Module):
+def constant_value(source: str, model: torch.nn.Module) -> torch.Tensor:
+    """``model:<attribute path>`` (a parameter, buffer or other tensor of the model),
+    ``rotary:<i>`` (a rotary table) or ``int:<n>`` (a scalar inductor made)."""
     kind, _, what = source.partition(":")
     if kind == "model":
-        return tensors[what]
+        value = model
+        for part in what.split("."):
+            value = getattr(value, part)
+        return value
     if kind == "rotary":
         return model.rotary._table[int(what)]
     if kind == "int":

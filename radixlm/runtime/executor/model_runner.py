@@ -16,7 +16,6 @@ from radixlm.runtime.distributed.shard import local_heads, shard_model
 from radixlm.runtime.executor import aot_graphs
 from radixlm.runtime.executor.aot_graphs import AotGraphs
 from radixlm.runtime.executor.attention.base import create_attention_backend
-from radixlm.runtime.executor.cpu_graph_runner import CpuGraphRunner, DecodeAttention
 from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.loader.loader import load_model, resolve_dtype
@@ -191,24 +190,18 @@ class ModelRunner:
         )  # fmt: skip
         return runner
 
-    def _compile_cpu_decode(self, args: ServerArgs) -> CpuGraphRunner | AotGraphs | None:
-        """Compiled decode steps on CPU (started in the background): with torch.compile
-        (cpu_graph_runner), or for ``low_memory`` ahead of time in a child process, so that
-        torch's compiler never loads here (aot_graphs)."""
+    def _compile_cpu_decode(self, args: ServerArgs) -> AotGraphs | None:
+        """Compiled decode steps on CPU (aot_graphs: built by a child process, loaded in the
+        background once ``start`` is called; torch's compiler never loads here)."""
         if args.disable_cpu_compile or self.device.type != "cpu" or self.tp is not None:
             return None
-        if self.attention_backend_name != "torch":
+        if self.attention_backend_name != "torch" or not aot_graphs.available():
             return None
-        if args.low_memory:
-            if not aot_graphs.available():
-                return None
-            # NOTE: the compile loads what this process loaded, into a pool of the same size
-            args = args.replace(model_path=self.model_path, max_total_tokens=self.max_total_tokens)
-            return AotGraphs(args, self.model, self.kv_pool)
-        attention = DecodeAttention(self.kv_pool, self.backend.scale)
-        if (steps := self.step_threads) is None:
-            return CpuGraphRunner(self.model, attention, torch.get_num_threads())
-        return CpuGraphRunner(self.model, attention, steps.small, steps.big)
+        # NOTE: the compile loads what this process loaded, with the same rotary table
+        args = args.replace(model_path=self.model_path)
+        steps = self.step_threads
+        small, big = (steps.small, steps.big) if steps else (torch.get_num_threads(), None)
+        return AotGraphs(args, self.model, self.kv_pool, small, big, self.context_len)
 
     @property
     def cpu_compile_status(self) -> str:

@@ -49,9 +49,12 @@ def run_scheduler_process(
             {"ok": False, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
         )
         return
+    graphs = scheduler.runner.cpu_graphs
+    if graphs is not None and args.wait_cpu_graphs:
+        graphs.wait()
     ready_pipe.send({"ok": True, **model_info(scheduler)})
-    if scheduler.runner.cpu_graphs is not None:
-        scheduler.runner.cpu_graphs.start()  # NOTE: after ready: start-up does not share the CPU
+    if graphs is not None:
+        graphs.start()  # NOTE: after ready: start-up does not share the CPU
     # NOTE: SIGTERM (the launcher's shutdown) ends the loop cleanly: the disk tier's queued
     # writes finish before the process exits
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

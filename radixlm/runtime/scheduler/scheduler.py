@@ -175,9 +175,11 @@ class Scheduler:
         plan = StepPlan()
         while admission.plan_decodes(self.running, self.cache, plan):
             self._retract(self._victim(self.running))
-        # NOTE: on CPU drafting waits for the compiled steps: an eager verify step rounds
-        # differently from a compiled decode step (and costs more)
-        if self.spec is not None and plan.chunks and self.runner.cpu_compile_status != "compiling":
+        # NOTE: on CPU drafting waits for the compiled steps and stops if they failed: an eager
+        # verify step rounds differently from a compiled decode step (and costs more)
+        if self.spec is not None and plan.chunks and self.runner.cpu_compile_status in (
+            "ready", "off",
+        ):  # fmt: skip
             self.spec.draft(plan.chunks, self.cache, self.stop, self.runner.context_len)
         budget = Budget(
             self.args.max_prefill_tokens,
@@ -310,6 +312,7 @@ class Scheduler:
             "queried_tokens": c.queried_tokens,
             "kv_invariant_ok": self.idle_check_ok(),
             "cpu_compile": self.runner.cpu_compile_status,
+            "cpu_graphs": graphs.describe() if (graphs := self.runner.cpu_graphs) else None,
             **self.stats.as_dict(),
             **(c.disk.stats() if c.disk is not None else {}),
             **(self.spec.stats.as_dict() if self.spec is not None else {}),
