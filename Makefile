@@ -2,8 +2,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
+GRAPHS := $(VENV)/.graphs
 
-.PHONY: setup test serve bench lint clean
+.PHONY: setup test serve graphs bench lint clean
 
 setup: $(STAMP)
 
@@ -28,8 +29,17 @@ bench: setup
 	$(PY) benchmarks/bench_prefix.py
 	$(PY) benchmarks/bench_lang.py
 
-serve: setup
+serve: setup $(GRAPHS)
 	$(PY) -m radixlm.server $(SERVE_ARGS)
+
+# The compiled CPU step graphs `make serve` runs (built by a child process: minutes on a new
+# machine, then loaded in under a second), so that it serves at full speed from its first
+# request; built again when a source changes (the sources are part of their key).
+graphs: $(GRAPHS)
+
+$(GRAPHS): $(STAMP) $(shell find radixlm -name '*.py' -o -name '*.cpp' -o -name '*.h')
+	$(PY) -m radixlm.server build-graphs $(SERVE_ARGS)
+	touch $(GRAPHS)
 
 lint: setup
 	$(VENV)/bin/ruff check radixlm tests benchmarks

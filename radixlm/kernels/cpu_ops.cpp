@@ -1,5 +1,5 @@
 // CPU kernels (see cpu_ops.py): the attention of a CPU step's few query tokens over each
-// request's KV slots, and argmax.
+// request's KV slots, argmax, and RMSNorm.
 //
 // Attention: one work item per (token, KV head): the item's query heads (GQA group) are held in registers,
 // each key row is read once for all of them (scores into a float buffer), softmax over the
@@ -317,6 +317,37 @@ at::Tensor argmax(const at::Tensor& logits) {
   return out;
 }
 
+// RMSNorm of bf16 rows as torch's composite computes it: float32 throughout (the weight
+// widened too), rounded once; the sum of squares in 16 lanes (vectorised) added in order.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16,
+              "rms_norm: x and weight bfloat16");
+  const int64_t h = x.size(-1);
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == h, "rms_norm: weight [x.size(-1)]");
+  const at::Tensor xc = x.contiguous(), wc = weight.contiguous();
+  at::Tensor out = at::empty_like(xc);
+  const bf16* xp = xc.data_ptr<bf16>();
+  const bf16* wp = wc.data_ptr<bf16>();
+  bf16* op = out.data_ptr<bf16>();
+  const int64_t rows = h ? xc.numel() / h : 0;
+  const float feps = static_cast<float>(eps);
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const bf16* xr = xp + r * h;
+      float lanes[16] = {0.f};
+      int64_t i = 0;
+      for (; i + 16 <= h; i += 16)
+        for (int j = 0; j < 16; ++j) lanes[j] += float(xr[i + j]) * float(xr[i + j]);
+      float sum = 0.f;
+      for (int j = 0; j < 16; ++j) sum += lanes[j];
+      for (; i < h; ++i) sum += float(xr[i]) * float(xr[i]);
+      const float inv = 1.f / std::sqrt(sum / static_cast<float>(h) + feps);
+      for (int64_t k = 0; k < h; ++k) op[r * h + k] = bf16(float(xr[k]) * inv * float(wp[k]));
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(radixlm_cpu, m) {
@@ -326,10 +357,12 @@ TORCH_LIBRARY(radixlm_cpu, m) {
   m.def("flash_attention(Tensor q, Tensor k_buf, Tensor v_buf, Tensor slots, Tensor? q_starts, Tensor? kv_starts, "
         "bool causal, float scale) -> (Tensor, Tensor)");
   m.def("flash_vectorized(int head_dim) -> bool", &flash_vectorized);
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(radixlm_cpu, CPU, m) {
   m.impl("decode_attention", &decode_attention);
   m.impl("argmax", &argmax);
   m.impl("flash_attention", &flash_attention);
+  m.impl("rms_norm", &rms_norm);
 }

@@ -7,8 +7,9 @@ one (left to the server and the detokenizer), at most 8 threads each; on 2 cores
 which runs the compiled decode steps (``aot_graphs``: compiled for that count).
 
 A lone scheduler (no tensor parallelism, no count from the user) runs its steps of
-``BIG_STEP_TOKENS`` tokens or more (prefills, decode batches of 24 requests and more, the
-latter through a graph compiled for that count) on every core, or on as many as other
+``BIG_STEP_TOKENS`` tokens or more (prefills, decode batches of 24 requests and more) and a
+lone request's steps (single-stream decode) on every core, through graphs compiled for that
+count, or on as many as other
 processes left free over the last ``LOAD_WINDOW_S`` (``StepThreads``, ``OtherLoad``): with
 another process keeping one core busy, two threads collapse (SmolLM2, batch of 32: 32-132
 tok/s against ~250 on one thread; each parallel region waits for the thread the OS put behind
@@ -34,6 +35,11 @@ USER_VARS = ("RADIXLM_NUM_THREADS", "OMP_NUM_THREADS")
 # 47 (compiled) / 46-48 (eager), 24 requests 64-78 / 50-57, 32 requests 74-75 / 61-64 (a
 # graph compiled for 2 threads: 45-64)
 BIG_STEP_TOKENS = 24
+# NOTE: a lone request's steps (single-stream decode, its verify steps, its prefill) take the
+# big count too: SmolLM2's compiled one-token step 9.0 ms on 1 thread, 5.9 on 2 (the int4
+# matmuls of one row are bound by reading the weights, which two cores do faster), while the
+# server and detokenizer, the ones a small count leaves a core for, have one stream's work
+LONE_REQUEST = 1
 # NOTE: how often the scheduler re-measures the other processes' load: a step or two of a
 # decode on the wrong count at most (a busy core slows a 2-thread step ~10x while it lasts),
 # and one /proc/stat read (~20 us) per window
@@ -148,10 +154,10 @@ class OtherLoad:
 
 class StepThreads:
     """Sizes this process's torch pool before each forward step: ``small`` threads for a step
-    of fewer than ``BIG_STEP_TOKENS`` tokens; from there on ``big``, or as many CPUs as other
-    processes left free over the last ``LOAD_WINDOW_S`` when that is fewer (at least
-    ``small``). ``torch.set_num_threads`` runs only when the count changes (well under a
-    microsecond)."""
+    of several requests and fewer than ``BIG_STEP_TOKENS`` tokens; from there on, and for a
+    lone request's steps (``LONE_REQUEST``), ``big``, or as many CPUs as other processes left
+    free over the last ``LOAD_WINDOW_S`` when that is fewer (at least ``small``).
+    ``torch.set_num_threads`` runs only when the count changes (well under a microsecond)."""
 
     def __init__(self, small: int, big: int, load: OtherLoad | None = None) -> None:
         self.small, self.big, self.current = small, big, small
@@ -160,14 +166,15 @@ class StepThreads:
         self.free = big  # NOTE: CPUs the others left free, as of the last sample
         self.next_sample = time.monotonic() + LOAD_WINDOW_S
 
-    def for_step(self, tokens: int) -> int:
-        """Set the count for a step of ``tokens`` tokens, and return it."""
+    def for_step(self, tokens: int, requests: int = 0) -> int:
+        """Set the count for a step of ``tokens`` tokens of ``requests`` requests, and return
+        it."""
         if self.load is not None and (now := time.monotonic()) >= self.next_sample:
             self.next_sample = now + LOAD_WINDOW_S
             if (other := self.load.sample()) is not None:
                 self.free = int(self.load.capacity - other + 0.5)
         want = self.small
-        if tokens >= BIG_STEP_TOKENS:
+        if tokens >= BIG_STEP_TOKENS or requests == LONE_REQUEST:
             want = max(self.small, min(self.big, self.free))
         if want != self.current:
             import torch

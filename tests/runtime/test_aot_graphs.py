@@ -31,7 +31,7 @@ pytestmark = [
         reason="torch lacks the int4/int8 kernels or AOTInductor",
     ),
 ]
-GRAPHS = ["1", "decode"]
+GRAPHS = ["1@1", "decode@1"]  # NOTE: a runner without big steps: one thread
 
 
 def low_memory_runner(model_path: str) -> ModelRunner:
@@ -117,7 +117,7 @@ def test_a_corrupt_package_is_built_again_not_loaded(compiled, tiny_llama, tmp_p
     graphs.dir = tmp_path  # NOTE: a copy of the packages whose "decode" one is truncated
     for graph in GRAPHS:
         data = (compiled.cpu_graphs.dir / f"{graph}.pt2").read_bytes()
-        (tmp_path / f"{graph}.pt2").write_bytes(data if graph == "1" else data[:1000])
+        (tmp_path / f"{graph}.pt2").write_bytes(data if graph == "1@1" else data[:1000])
         (tmp_path / f"{graph}.json").write_bytes((compiled.cpu_graphs.dir / f"{graph}.json")
                                                  .read_bytes())  # fmt: skip
     built, compile_packages = [], aot_graphs.compile_packages
@@ -129,10 +129,10 @@ def test_a_corrupt_package_is_built_again_not_loaded(compiled, tiny_llama, tmp_p
     with pytest.MonkeyPatch.context() as mp, caplog.at_level(logging.WARNING):
         mp.setattr(aot_graphs, "compile_packages", counted)
         assert graphs.wait(300)
-    assert graphs.status == "ready" and built == [["decode"]]
+    assert graphs.status == "ready" and built == [["decode@1"]]
     assert "corrupt package" in caplog.text
-    record = json.loads((tmp_path / "decode.json").read_text())
-    assert file_digest(tmp_path / "decode.pt2") == record["sha256"]
+    record = json.loads((tmp_path / "decode@1.json").read_text())
+    assert file_digest(tmp_path / "decode@1.pt2") == record["sha256"]
     assert_decode_matches_eager(runner, tol=5e-2)
 
 

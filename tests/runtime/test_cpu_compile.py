@@ -6,6 +6,7 @@ them without torch's compiler; the same greedy text through an Engine."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 
@@ -84,15 +85,28 @@ def decode_logits(
     return out
 
 
+@contextlib.contextmanager
+def eagerly(runner: ModelRunner):
+    """The runner's steps through its attention backend, as with no graphs at all (neither
+    loaded graphs nor the eager decode-step path that stands in for them)."""
+    graphs = runner.cpu_graphs
+    ready, bridge = set(graphs.ready), graphs._eager
+    graphs.ready.clear()
+    graphs._eager = None
+    try:
+        yield
+    finally:
+        graphs.ready.update(ready)
+        graphs._eager = bridge
+
+
 def assert_decode_matches_eager(runner: ModelRunner, tol: float) -> None:
     """Decode steps of 1, 3 and 12 requests through ``runner``'s compiled graphs, then the same
     steps eagerly: the same greedy tokens, logits within ``tol``."""
-    graphs = runner.cpu_graphs
     for rows in ([0], [0, 1, 2], list(range(12))):
         compiled = decode_logits(runner, rows, steps=6)
-        graphs.ready.clear()  # NOTE: the same steps again, eagerly
-        eager = decode_logits(runner, rows, steps=6)
-        graphs.ready.update(graphs.compile_s)
+        with eagerly(runner):  # NOTE: the same steps again, eagerly
+            eager = decode_logits(runner, rows, steps=6)
         for c, e in zip(compiled, eager):
             assert torch.equal(c.argmax(-1), e.argmax(-1))
             torch.testing.assert_close(c, e, atol=tol, rtol=tol)
@@ -112,7 +126,8 @@ def fp32_runner(tiny_llama, aot_cache) -> ModelRunner:
 @pytest.fixture(scope="module")
 def int4_runner(tiny_llama, aot_cache) -> ModelRunner:
     """A bf16 runner with the int4 / int8 decode copies and a big steps' count of 2 (so
-    every graph: ``wide`` and ``shared`` for 2 threads), its graphs built and loaded."""
+    every graph: a lone request's and big batches' for 2 threads), its graphs built and
+    loaded."""
     if not int4_available():
         pytest.skip("torch lacks the int4 kernel")
     step_threads = threads.StepThreads(1, 2, load=FixedLoad(0.0))
@@ -122,8 +137,8 @@ def int4_runner(tiny_llama, aot_cache) -> ModelRunner:
     ), step_threads=step_threads)  # fmt: skip
     assert runner.cpu_graphs.wait(800), "building took over 13 minutes"
     assert runner.cpu_compile_status == "ready", runner.cpu_compile_status
-    assert runner.cpu_graphs.ready == {"1", "verify", "decode", "mixed", "batch", "wide",
-                                       "shared"}  # fmt: skip
+    assert runner.cpu_graphs.ready == {"1@2", "1@1", "verify@2", "decode@1", "mixed@1",
+                                       "batch@1", "batch@2", "shared@2"}  # fmt: skip
     return runner
 
 
@@ -139,18 +154,38 @@ def test_compiled_decode_matches_eager(which, request):
         verify = verify_step(runner, extends)
         assert graphs.can_run(verify), extends
         compiled = runner.forward(verify)
-        graphs.ready.clear()
-        eager = runner.forward(verify_step(runner, extends))
-        graphs.ready.update(graphs.compile_s)
+        with eagerly(runner):
+            eager = runner.forward(verify_step(runner, extends))
         torch.testing.assert_close(compiled, eager, atol=tol, rtol=tol)
+
+
+@needs_aot
+def test_steps_before_their_graph_loads_run_the_decode_step_eagerly(int4_runner, monkeypatch):
+    """Until a graph is loaded its steps run the same formulation eagerly (the model over
+    ``DecodeInputs``, the C++ attention kernel): the compiled graph's greedy tokens, logits
+    close to the attention backend's."""
+    runner, graphs = int4_runner, int4_runner.cpu_graphs
+    compiled = decode_logits(runner, [0, 1, 2], steps=4)
+    monkeypatch.setattr(graphs, "ready", set())
+    packages = []
+    monkeypatch.setattr(aot_graphs, "run_package", lambda *a: packages.append(a))
+    bridged = decode_logits(runner, [0, 1, 2], steps=4)
+    with eagerly(runner):
+        eager = decode_logits(runner, [0, 1, 2], steps=4)
+    assert not packages  # NOTE: no package ran
+    for b, c, e in zip(bridged, compiled, eager):
+        assert torch.equal(b.argmax(-1), c.argmax(-1))
+        torch.testing.assert_close(b, c, atol=5e-2, rtol=5e-2)
+        torch.testing.assert_close(b, e, atol=5e-2, rtol=5e-2)
 
 
 @needs_aot
 def test_a_verify_step_computes_what_decode_steps_compute(int4_runner):
     """With the int4 / int8 decode copies (bf16), a request's K tokens in one compiled step
     (speculative verify, alone or beside another request's decode) give bitwise the logits of
-    K compiled decode steps, so speculation keeps greedy output token-identical. (Plain GEMMs
-    do not: one row and several take different kernels.)"""
+    K compiled decode steps, so speculation keeps greedy output token-identical, whichever
+    thread count each graph was compiled for (a lone request's on 2, a mix on 1). (Plain
+    GEMMs do not: one row and several take different kernels.)"""
     runner = int4_runner
     assert runner.model.lm_head.__class__.__name__ == "Int8DecodeHead"
     table, prompt, tokens = runner.req_pool.table, PROMPTS[2], [5, 90, 31, 7, 400, 12, 88, 300]
@@ -164,7 +199,8 @@ def test_a_verify_step_computes_what_decode_steps_compute(int4_runner):
             req_slots=list(range(len(extend_lens))), out_cache_loc=torch.cat(slots),
             logits_indices=list(range(len(ids))), req_to_token=table,
         )  # fmt: skip
-        assert runner.cpu_graphs.can_run(batch, 1) == (len(ids) <= 8)
+        count = runner.step_threads.for_step(len(ids), len(extend_lens))
+        assert runner.cpu_graphs.can_run(batch, count) == (len(ids) <= 8)
         return runner.forward(batch)
 
     with torch.inference_mode():
@@ -205,12 +241,11 @@ def test_large_decode_batches_run_compiled(int4_runner, monkeypatch):
         compiled = decode_logits(runner, rows, steps=3)
         shared_small = decode_logits(runner, rows, steps=3, header=header)
         # NOTE: all ran compiled but the shared steps on one thread (no graph for that count)
-        assert steps == ([(12, 2, "wide")] * 3 + [(12, 2, "shared")] * 3
-                         + [(12, None, "batch")] * 3)  # fmt: skip
-        graphs.ready.clear()
-        eager = decode_logits(runner, rows, steps=3)
-        eager_shared = decode_logits(runner, rows, steps=3, header=header)
-        graphs.ready.update(graphs.compile_s)
+        assert steps == ([(12, 2, "batch@2")] * 3 + [(12, 2, "shared@2")] * 3
+                         + [(12, None, "batch@1")] * 3)  # fmt: skip
+        with eagerly(runner):
+            eager = decode_logits(runner, rows, steps=3)
+            eager_shared = decode_logits(runner, rows, steps=3, header=header)
     finally:
         runner.step_threads = step_threads
         torch.set_num_threads(before)
@@ -232,7 +267,7 @@ def test_large_decode_batches_run_compiled(int4_runner, monkeypatch):
 
     assert graphs.can_run(decode(shared + 1), 2) and not graphs.can_run(decode(shared + 1), 1)
     table[0, shared - 1] = 2000  # NOTE: now they share one slot less: the plain batch graphs
-    assert graphs.graph_of(decode(shared + 1), 2)[0] == "wide"
+    assert graphs.graph_of(decode(shared + 1), 2)[0] == "batch@2"
     assert graphs.can_run(decode(shared + 1), 1)
 
 
@@ -295,7 +330,7 @@ def test_engine_greedy_text_is_the_same_compiled(tiny_llama, aot_cache):
             time.sleep(1)
         info = engine.get_server_info()["stats"]
         assert info["cpu_compile"] == "ready" and info["cpu_graphs"]["building"] == []
-        assert "1" in info["cpu_graphs"]["loaded"]
+        assert any(name.startswith("1@") for name in info["cpu_graphs"]["loaded"])
         compiled = [o["text"] for o in engine.generate(prompts, params)]
         single = engine.generate(prompts[0], params)["text"]
     assert first == eager and compiled == eager and single == eager[0]

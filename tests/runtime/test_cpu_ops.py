@@ -1,6 +1,7 @@
 """The C++ CPU kernels: the compiled steps' attention against a per-token softmax in float64:
 vector paths (head sizes 16-128, query heads per KV head 1-8) and the plain C++ one, decode and
-multi-token grids, float32 and bf16, the log-sum-exp the cascade merges with; argmax as torch's."""
+multi-token grids, float32 and bf16, the log-sum-exp the cascade merges with; argmax as torch's;
+RMSNorm as torch's."""
 
 from __future__ import annotations
 
@@ -97,3 +98,20 @@ def test_argmax_matches_torch(kernel, vocab):
     x[8, 0] = 70.0
     assert torch.equal(cpu_ops.argmax(x), x.argmax(-1))
     assert torch.equal(cpu_ops.argmax(x[:, 1:]), x[:, 1:].argmax(-1))  # NOTE: a strided view
+
+
+@pytest.mark.parametrize("shape", [(1, 576), (7, 64), (3, 5, 40), (2, 17)])
+def test_rms_norm_is_torchs_in_one_op(kernel, shape):
+    """Float32 inside, rounded once, as ``F.rms_norm`` on bf16: at most one bf16 step apart
+    (the sum of squares is added in another order), against a float64 reference as close."""
+    gen = torch.Generator().manual_seed(shape[-1])
+    x = (torch.randn(*shape, generator=gen) * 3).bfloat16()
+    weight = (torch.rand(shape[-1], generator=gen) + 0.5).bfloat16()
+    got = cpu_ops.rms_norm(x, weight, 1e-5)
+    want = torch.nn.functional.rms_norm(x, shape[-1:], weight, 1e-5)
+    assert got.dtype == torch.bfloat16 and got.shape == x.shape
+    exact = x.double() * (x.double().pow(2).mean(-1, keepdim=True) + 1e-5).rsqrt() * weight
+    ulp = exact.abs() * 2**-7
+    assert ((got.double() - exact).abs() <= ulp).all()
+    assert ((got.double() - want.double()).abs() <= ulp).all()
+    assert (got == want).float().mean() > 0.95

@@ -68,6 +68,12 @@ def test_big_steps_take_the_cores_other_processes_leave_free(monkeypatch):
         assert steps.for_step(threads.BIG_STEP_TOKENS) == 1 == torch.get_num_threads()
         load.other = 0.1  # NOTE: it stopped; the server's bits of work leave both cores
         assert steps.for_step(threads.BIG_STEP_TOKENS) == 2 == torch.get_num_threads()
+        # NOTE: a lone request's steps (single-stream decode, its verify steps) take them too,
+        # several requests' small steps do not
+        assert steps.for_step(1, 1) == 2 and steps.for_step(4, 1) == 2
+        assert steps.for_step(3, 3) == 1 == torch.get_num_threads()
+        load.other = 0.67
+        assert steps.for_step(1, 1) == 1 == torch.get_num_threads()
     finally:
         torch.set_num_threads(before)
 
@@ -87,8 +93,9 @@ def test_other_load_counts_another_process():
 
 
 def test_model_runner_sizes_the_pool_per_step(tiny_llama):
-    """A step of BIG_STEP_TOKENS tokens runs on the big count (eagerly), a decode step on the
-    small one, and the outputs do not depend on it."""
+    """A step of BIG_STEP_TOKENS tokens runs on the big count (eagerly), and so does a lone
+    request's decode step; a step of several requests' few tokens on the small one; the
+    outputs do not depend on it."""
     before = torch.get_num_threads()
     runner = ModelRunner(
         ServerArgs(model_path=tiny_llama, dtype="float32", max_total_tokens=1024),
@@ -112,6 +119,8 @@ def test_model_runner_sizes_the_pool_per_step(tiny_llama):
         step(0, n)
         assert torch.get_num_threads() == 2
         last = step(n, n + 1)
+        assert torch.get_num_threads() == 2
+        runner.step_threads.for_step(2, 2)
         assert torch.get_num_threads() == 1
         runner.step_threads = None  # NOTE: the same prompt again, all on one thread
         step(0, n)

@@ -133,12 +133,13 @@ def constant_sources(
     return sources
 
 
-def check(graph: Graph, package: object, runner: ModelRunner) -> None:
+def check(graph: Graph, package: object, step: DecodeStep, runner: ModelRunner) -> None:
     """Two steps of the graph's example shape (the second reading the KV the first wrote),
     each request after a context of its own (and, for ``shared``, a shared prefix), through
-    the package and then eagerly on other slots: finite logits whose mean difference is
-    within 5% of their spread (eager batches attend in bf16, the graphs in float32). A
-    constant given the wrong tensor is off by about the spread itself."""
+    the package and then on other slots through the same step run eagerly (the model over
+    ``DecodeInputs`` with ``step``'s attention): finite logits whose mean difference is within
+    5% of their spread (inductor's fusion rounds a little differently). A constant given the
+    wrong tensor is off by about the spread itself."""
     lens, shared = list(graph.example), MIN_SHARED_PREFIX if graph.shared else 0
     reqs, own, vocab = len(lens), 1 + 2 * max(lens), runner.config.vocab_size
     table = runner.req_pool.table
@@ -158,13 +159,13 @@ def check(graph: Graph, package: object, runner: ModelRunner) -> None:
             pos = [p + n for p, n in zip(pos, lens)]
         return out
 
-    def compiled(batch: ForwardBatch) -> torch.Tensor:
-        inputs = decode_inputs(batch, long_shared_prefix(batch) if shared else 0)
-        return run_package(package, inputs, runner.kv_pool)
+    def inputs(batch: ForwardBatch) -> DecodeInputs:
+        return decode_inputs(batch, long_shared_prefix(batch) if shared else 0)
 
+    attention = DecodeAttention(runner.kv_pool, step.scale, step.kernel, step.flash)
     with torch.inference_mode():
-        got = steps(1 + shared, compiled)
-        want = steps(1 + shared + reqs * own, runner.forward)
+        got = steps(1 + shared, lambda b: run_package(package, inputs(b), runner.kv_pool))
+        want = steps(1 + shared + reqs * own, lambda b: runner.model(inputs(b), attention))
     for logits, eager in zip(got, want):
         off = (logits - eager).abs().mean(-1)
         if not logits.isfinite().all() or (off > 0.05 * eager.std(-1)).any():
@@ -206,7 +207,7 @@ def build(directory: Path, name: str, graph: Graph, step: DecodeStep, runner: Mo
                                              inductor_configs=options)  # fmt: skip
     package = open_package(staged)
     constants = constant_sources(package.get_constant_fqns(), program, runner)
-    check(graph, bind_constants(package, constants, runner.model), runner)
+    check(graph, bind_constants(package, constants, runner.model), step, runner)
     record = {"constants": constants, "sha256": file_digest(staged)}
     (directory / f"{name}.json").write_text(json.dumps(record))
     os.replace(staged, directory / f"{name}.pt2")

@@ -16,16 +16,19 @@ its K and V into them). ``<graph>.json`` beside each package names each constant
 the package's SHA-256: a package whose bytes differ (a torn or corrupted file) is deleted and
 built again, never loaded.
 
-Graphs (``plan``): one token (``"1"``); one request's token and draft (``"verify"``);
-decode batches of 2-8 requests (``"decode"``) and mixes (``"mixed"``), where the int4/int8
-copies serve; decode batches of more (``"batch"``, the bf16 weights through oneDNN), the same
-for the big steps' thread count (``"wide"``: inductor splits loops for the count it compiles
-for) and for batches whose requests share ``MIN_SHARED_PREFIX`` slots (``"shared"``). A
-``low_memory`` model's int4-only layers serve every row count, so it has ``"1"`` and a
-``"decode"`` of any size. Packages live under ``$RADIXLM_CACHE/aot/<key>``, the key hashing
-the model files' names, sizes and dates, the arguments the code depends on (``KEY_FIELDS``),
-the plan, torch's version, the CPU's flags and this package's runtime and kernel sources; a
-lock file makes processes with one key compile once.
+Graphs (``plan``, named ``<kind>@<threads>``: inductor splits loops for the thread count it
+compiles for, and a step takes the graph of its count): one token (``1``: on the big count,
+where a lone request's steps run, and the small one for a busy machine); one request's token
+and draft (``verify``); decode batches of 2-8 requests (``decode``) and mixes (``mixed``),
+where the int4/int8 copies serve; decode batches of more (``batch``, the bf16 weights through
+oneDNN, on both counts) and batches whose requests share ``MIN_SHARED_PREFIX`` slots
+(``shared``). A ``low_memory`` model's int4-only layers serve every row count, so it has the
+``1`` graphs and a ``decode`` of any size.
+
+Packages live under ``$RADIXLM_CACHE/aot/<key>``, the key hashing the model files' names,
+sizes and dates, the arguments the code depends on (``KEY_FIELDS``), the plan, torch's
+version, the CPU's flags and this package's runtime and kernel sources; a lock file makes
+processes with one key compile once.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from radixlm.runtime import threads
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.executor.decode_step import (
     MAX_ROWS,
+    DecodeAttention,
     DecodeInputs,
     decode_inputs,
     long_shared_prefix,
@@ -75,25 +79,24 @@ class Graph:
 
 
 def plan(low_memory: bool, small: int, big: int | None, max_requests: int) -> dict[str, Graph]:
-    """The graphs of a scheduler (module docstring), in the order they compile: those of the
-    commonest steps first."""
-    if low_memory:
-        graphs = {"1": Graph((1,), (1, 1), small), "decode": Graph((1, 1, 1), (2, max_requests),
-                                                                   small)}  # fmt: skip
+    """The graphs of a scheduler (module docstring), named ``<kind>@<threads>``, in the order
+    they build: the commonest steps' first. A lone request's steps run on the big count where
+    there is one (``StepThreads``), with a ``1`` on the small count for a busy machine."""
+    one = big or small
+    few, many = (2, min(MAX_ROWS, max_requests)), (MAX_ROWS + 1, max_requests)
+    graphs = [("1", Graph((1,), (1, 1), one)), ("1", Graph((1,), (1, 1), small))]
+    if low_memory:  # NOTE: int4-only layers: one decode graph of any size
+        graphs.append(("decode", Graph((1, 1, 1), (2, max_requests), small)))
     else:
-        few, many = (2, min(MAX_ROWS, max_requests)), (MAX_ROWS + 1, max_requests)
-        graphs = {
-            "1": Graph((1,), (1, 1), small),
-            "decode": Graph((1, 1, 1), few, small),
-            "batch": Graph((1,) * 16, many, small),
-            "wide": Graph((1,) * 16, many, big or small),
-            "shared": Graph((1,) * 16, many, big or small, shared=True),
-            "verify": Graph((3,), (1, 1), small),
-            "mixed": Graph((4, 1), few, small),
-        }
-        if big is None or big == small:
-            del graphs["wide"]
-    return {name: g for name, g in graphs.items() if g.requests[0] <= g.requests[1]}
+        graphs += [
+            ("decode", Graph((1, 1, 1), few, small)),
+            ("batch", Graph((1,) * 16, many, one)),
+            ("batch", Graph((1,) * 16, many, small)),
+            ("shared", Graph((1,) * 16, many, one, shared=True)),
+            ("verify", Graph((3,), (1, 1), one)),
+            ("mixed", Graph((4, 1), few, small)),
+        ]
+    return {f"{kind}@{g.threads}": g for kind, g in graphs if g.requests[0] <= g.requests[1]}
 
 
 def available() -> bool:
@@ -106,14 +109,17 @@ class AotGraphs:
     ``forward`` serve the steps whose graph is loaded."""
 
     def __init__(
-        self, args: ServerArgs, model: torch.nn.Module, kv_pool: KVPool, small: int,
-        big: int | None = None, context_len: int | None = None,
+        self, args: ServerArgs, model: torch.nn.Module, kv_pool: KVPool, scale: float,
+        small: int, big: int | None = None, context_len: int | None = None,
     ) -> None:  # fmt: skip
-        """``args``: the model's resolved path; ``small`` / ``big``: the thread counts of small
-        and big steps; ``context_len``: the rotary table's length less one."""
-        self.model, self.kv_pool = model, kv_pool
+        """``args``: the model's resolved path; ``scale``: the attention's; ``small`` /
+        ``big``: the thread counts of small and big steps; ``context_len``: the rotary
+        table's length less one."""
+        self.model, self.kv_pool, self.scale = model, kv_pool, scale
+        self._eager: DecodeAttention | None = None  # NOTE: set once the C++ kernels loaded
         self.small, self.big = small, big if big != small else None
         self.graphs = plan(args.low_memory, small, self.big, args.max_running_requests)
+        self.kinds = {name.partition("@")[0] for name in self.graphs}
         self.compile_args = args.replace(context_length=context_len or args.context_length)
         self.dir = package_dir(self.compile_args, self.graphs)
         self.ready: set[str] = set()
@@ -156,39 +162,46 @@ class AotGraphs:
         tokens, reqs = batch.input_ids.shape[0], len(batch.extend_lens_list)
         if batch.logits_indices.shape[0] != tokens or min(batch.seq_lens_list) < 2:
             return None, 0  # NOTE: the graphs' context length starts at 2
-        shared, name = 0, None
+        shared, kind = 0, None
         if tokens == 1:
-            name = "1"
+            kind = "1"
         elif tokens != reqs:  # NOTE: several tokens of a request (verify steps)
-            name = None if tokens > MAX_ROWS else "verify" if reqs == 1 else "mixed"
+            kind = None if tokens > MAX_ROWS else "verify" if reqs == 1 else "mixed"
         elif tokens > MAX_ROWS and (shared := long_shared_prefix(batch)):
-            name = "shared"
-        elif tokens <= MAX_ROWS or "batch" not in self.graphs:  # NOTE: low_memory's any size
-            name = "decode"
+            kind = "shared"
+        elif tokens <= MAX_ROWS or "batch" not in self.kinds:  # NOTE: low_memory's any size
+            kind = "decode"
         else:
-            name = "wide" if threads is not None and threads == self.big else "batch"
-        graph = self.graphs.get(name)
-        if graph is None or graph.threads != (threads or self.small):
-            return None, 0
-        return name, shared
+            kind = "batch"
+        name = f"{kind}@{threads or self.small}"
+        return (name, shared) if name in self.graphs else (None, 0)
 
     def can_run(self, batch: ForwardBatch, threads: int | None = None) -> bool:
-        """A step whose tokens all need logits (decode, verify) and whose graph is loaded."""
+        """A step whose tokens all need logits (decode, verify) that one of the graphs takes,
+        once it is loaded or, until then, once the C++ kernels are (``forward``)."""
         name, _ = self.graph_of(batch, threads)
-        if name not in self.ready:
+        if name is None or (name not in self.ready and self._eager is None):
             return False
         return torch.equal(batch.logits_indices, torch.arange(batch.input_ids.shape[0]))
 
     def forward(self, batch: ForwardBatch, threads: int | None = None) -> torch.Tensor:
-        """Logits ``[T, vocab]`` of the step, from its graph (which writes its K and V)."""
+        """Logits ``[T, vocab]`` of the step (which writes its K and V), from its graph; until
+        that is loaded, the same step eagerly: the model over ``DecodeInputs`` with the C++
+        attention kernel (fewer ops than the attention backend's gathers and matmuls, and the
+        graph's attention: the float32 kernel)."""
         name, shared = self.graph_of(batch, threads)
-        return run_package(self._loaders[name], decode_inputs(batch, shared), self.kv_pool)
+        inputs = decode_inputs(batch, shared)
+        if name in self.ready:
+            return run_package(self._loaders[name], inputs, self.kv_pool)
+        return self.model(inputs, self._eager)
 
     def _make(self) -> None:
         start = time.perf_counter()
         # NOTE: the packages call the C++ kernels' ops, which must be registered first (and the
-        # eager steps use them: prefill's flash attention, greedy argmax)
-        cpu_ops.load()
+        # eager steps use them: prefill's flash attention, RMSNorm, greedy argmax)
+        if cpu_ops.load():
+            flash = cpu_ops.flash_ready(self.kv_pool.dtype, self.kv_pool.k[0].shape[-1])
+            self._eager = DecodeAttention(self.kv_pool, self.scale, kernel=True, flash=flash)
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             # NOTE: one build per key at a time: another process (a dp replica, a second

@@ -159,7 +159,9 @@ class ModelRunner:
         # NOTE: a step runs a graph compiled for its thread count, or eagerly (32 requests:
         # 45-48 ms compiled for 2 threads on 2, 62-70 eager on 2, 80-84 compiled for 1 on 1)
         steps = self.step_threads
-        threads_now = steps.for_step(len(batch.input_ids)) if steps is not None else None
+        threads_now = None
+        if steps is not None:
+            threads_now = steps.for_step(len(batch.input_ids), len(batch.extend_lens_list))
         if self.graph_runner is not None and self.graph_runner.can_run(batch):
             return self.graph_runner.forward(batch)
         if self.cpu_graphs is not None and self.cpu_graphs.can_run(batch, threads_now):
@@ -201,7 +203,8 @@ class ModelRunner:
         args = args.replace(model_path=self.model_path)
         steps = self.step_threads
         small, big = (steps.small, steps.big) if steps else (torch.get_num_threads(), None)
-        return AotGraphs(args, self.model, self.kv_pool, small, big, self.context_len)
+        return AotGraphs(args, self.model, self.kv_pool, self.backend.scale, small, big,
+                         self.context_len)  # fmt: skip
 
     @property
     def cpu_compile_status(self) -> str:

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlm.kernels import cpu_ops
 from radixlm.runtime.config import ModelConfig
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 
@@ -19,8 +20,13 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # NOTE: the fused kernel computes in float32 and rounds once, as HF's upcast does.
-        return F.rms_norm(x, x.shape[-1:], self.weight.to(x.dtype), self.eps)
+        # NOTE: both compute in float32 and round once, as HF's upcast does; eager bf16 steps on
+        # CPU take the C++ kernel once loaded (one op for torch's ~8), compiled ones fuse torch's
+        weight = self.weight.to(x.dtype)
+        if x.dtype == torch.bfloat16 and not x.is_cuda and cpu_ops.loaded():
+            if not torch.compiler.is_compiling():
+                return cpu_ops.rms_norm(x, weight, self.eps)
+        return F.rms_norm(x, x.shape[-1:], weight, self.eps)
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:

@@ -81,6 +81,7 @@ def model_info(scheduler: Scheduler) -> dict:
         "startup_s": r.startup_s,
         "memory_bytes": r.memory_bytes(),
         "big_step_threads": r.step_threads.big if r.step_threads else None,
+        "cpu_compile": r.cpu_compile_status,
     }
 
 
