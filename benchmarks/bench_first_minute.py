@@ -8,8 +8,10 @@ Each server is started fresh; from the moment ``/v1/models`` answers, one client
 records each one's decode speed (completion tokens over the request's time) and when it
 ended. The cold run uses a new ``$RADIXLM_CACHE`` and ``$TORCHINDUCTOR_CACHE_DIR`` (nothing
 built: the C++ kernels, the tokenizer, the graphs); it is kept running until its graphs are
-built, then the warm run restarts on the same caches. Writes ``results/bench_first_minute.json``
-and a plot of each request's tok/s against its time since ready; prints one summary line.
+built, then the warm run restarts on the same caches. Each run also records its process
+tree's RSS after the minute and its peak (sampled every 0.1 s from launch). Writes
+``results/bench_first_minute.json`` and a plot of each request's tok/s against its time since
+ready; prints one summary line.
 
     python benchmarks/bench_first_minute.py        # needs llama-cpp-python[server]
 """
@@ -29,6 +31,7 @@ import httpx
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_serving import free_port  # noqa: E402
+from bench_startup import PeakSampler, tree_rss  # noqa: E402
 from common import RESULTS_DIR, log, save  # noqa: E402
 
 PROMPT = "Here is a long list of animals, one per line:\n1. cat\n2. dog\n3."
@@ -92,9 +95,11 @@ def stop(proc: subprocess.Popen) -> None:
 
 def run(kind: str, env: dict[str, str], args: argparse.Namespace, wait_graphs: bool) -> dict:
     proc, url, ready_s = start(kind, env)
+    sampler = PeakSampler(proc.pid)
     try:
         log(f"{kind}: ready in {ready_s:.1f} s; the first {args.seconds:.0f} s of requests")
         requests = first_minute(url, args.seconds, args.max_tokens)
+        rss, peak = tree_rss(proc.pid) / 2**20, sampler.stop() / 2**20
         graphs = graphs_status(url) if kind == "radixlm" else {}
         if wait_graphs:  # NOTE: the cold run builds the warm run's graphs
             deadline = time.monotonic() + GRAPHS_TIMEOUT_S
@@ -105,14 +110,17 @@ def run(kind: str, env: dict[str, str], args: argparse.Namespace, wait_graphs: b
             log(f"  graphs: {graphs_status(url).get('status')} "
                 f"{time.monotonic() - deadline + GRAPHS_TIMEOUT_S:.0f} s later")  # fmt: skip
     finally:
+        sampler.stop()
         stop(proc)
     tokens = sum(r["tokens"] for r in requests)
     busy = sum(r["tokens"] / r["tok_s"] for r in requests)
     summary = {"ready_s": round(ready_s, 1), "requests": len(requests),
                "first_request_tok_s": requests[0]["tok_s"], "mean_tok_s": round(tokens / busy, 1),
+               "rss_after_minute_mib": round(rss), "peak_rss_mib": round(peak),
                "graphs_after_minute": graphs.get("loaded"), "per_request": requests}  # fmt: skip
     log(f"{kind}: first request {summary['first_request_tok_s']} tok/s, the minute's mean "
-        f"{summary['mean_tok_s']} tok/s over {len(requests)} requests")  # fmt: skip
+        f"{summary['mean_tok_s']} tok/s over {len(requests)} requests; RSS {rss:.0f} MiB, "
+        f"peak {peak:.0f}")  # fmt: skip
     return summary
 
 
@@ -159,6 +167,8 @@ def main() -> None:
             ratios[f"{name}_first_request_vs_llama_cpp"] = round(
                 r["first_request_tok_s"] / peer["first_request_tok_s"], 2)  # fmt: skip
             ratios[f"{name}_mean_vs_llama_cpp"] = round(r["mean_tok_s"] / peer["mean_tok_s"], 2)
+            ratios[f"{name}_peak_rss_vs_llama_cpp"] = round(r["peak_rss_mib"]
+                                                            / peer["peak_rss_mib"], 2)  # fmt: skip
     path = save("bench_first_minute", {"config": vars(args), "cores": os.cpu_count(),
                                        "results": results, "ratios": ratios})  # fmt: skip
     plot(results)

@@ -334,3 +334,7 @@ def test_engine_greedy_text_is_the_same_compiled(tiny_llama, aot_cache):
         compiled = [o["text"] for o in engine.generate(prompts, params)]
         single = engine.generate(prompts[0], params)["text"]
     assert first == eager and compiled == eager and single == eager[0]
+    with Engine(tiny_llama, disable_cpu_compile=False, **kw) as engine:
+        # NOTE: a restart loads the graphs from disk before it reports ready
+        assert engine.get_server_info()["stats"]["cpu_compile"] == "ready"
+        assert [o["text"] for o in engine.generate(prompts, params)] == eager

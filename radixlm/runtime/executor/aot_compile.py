@@ -18,6 +18,7 @@ import json
 import os
 import signal
 import sys
+import traceback
 from pathlib import Path
 
 import torch
@@ -138,8 +139,10 @@ def check(graph: Graph, package: object, step: DecodeStep, runner: ModelRunner) 
     each request after a context of its own (and, for ``shared``, a shared prefix), through
     the package and then on other slots through the same step run eagerly (the model over
     ``DecodeInputs`` with ``step``'s attention): finite logits whose mean difference is within
-    5% of their spread (inductor's fusion rounds a little differently). A constant given the
-    wrong tensor is off by about the spread itself."""
+    a quarter of their spread. Most rows agree exactly; inductor's fusions round a few bf16
+    values differently (the eager RMSNorm is the C++ kernel's), which 30 layers can grow to
+    ~6% of the spread (SmolLM2, 16 requests); a constant given the wrong tensor is off by
+    about the spread itself."""
     lens, shared = list(graph.example), MIN_SHARED_PREFIX if graph.shared else 0
     reqs, own, vocab = len(lens), 1 + 2 * max(lens), runner.config.vocab_size
     table = runner.req_pool.table
@@ -168,7 +171,7 @@ def check(graph: Graph, package: object, step: DecodeStep, runner: ModelRunner) 
         want = steps(1 + shared + reqs * own, lambda b: runner.model(inputs(b), attention))
     for logits, eager in zip(got, want):
         off = (logits - eager).abs().mean(-1)
-        if not logits.isfinite().all() or (off > 0.05 * eager.std(-1)).any():
+        if not logits.isfinite().all() or (off > 0.25 * eager.std(-1)).any():
             raise RuntimeError(f"logits off the eager step's by {off.tolist()}")
 
 
@@ -225,10 +228,18 @@ def main(spec_path: str, parent: int) -> None:
     kernel = cpu_ops.load()
     flash = kernel and cpu_ops.flash_ready(runner.dtype, runner.config.head_dim)
     step = DecodeStep(runner, kernel, flash).eval()
+    failed = []
     for name in spec["names"]:
-        graph = spec["graphs"][name]
-        build(directory, name, Graph(tuple(graph["example"]), tuple(graph["requests"]),
-                                     graph["threads"], graph["shared"]), step, runner)  # fmt: skip
+        g = spec["graphs"][name]
+        graph = Graph(tuple(g["example"]), tuple(g["requests"]), g["threads"], g["shared"])
+        try:
+            build(directory, name, graph, step, runner)
+        except Exception:  # noqa: BLE001  (the other graphs still build; the log says why)
+            traceback.print_exc()
+            failed.append(name)
+    if failed:
+        print(f"RuntimeError: graphs {', '.join(failed)} failed (see above)", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

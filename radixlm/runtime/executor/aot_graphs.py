@@ -135,6 +135,12 @@ class AotGraphs:
         if self._thread.ident is None:
             self._thread.start()
 
+    def on_disk(self) -> bool:
+        """Whether every graph's package is on disk (a restart: loading them takes well under a
+        second, so the scheduler does it before it reports ready)."""
+        return all((self.dir / f"{n}.pt2").is_file() and (self.dir / f"{n}.json").is_file()
+                   for n in self.graphs)  # fmt: skip
+
     def wait(self, timeout: float | None = None) -> bool:
         """Start if needed and block until every graph is loaded (or failed); False on
         timeout."""

@@ -50,7 +50,9 @@ def run_scheduler_process(
         )
         return
     graphs = scheduler.runner.cpu_graphs
-    if graphs is not None and args.wait_cpu_graphs:
+    # NOTE: graphs on disk load before ready (well under a second): a restart serves its first
+    # request compiled; a build (minutes) happens after ready unless asked to wait for it
+    if graphs is not None and (args.wait_cpu_graphs or graphs.on_disk()):
         graphs.wait()
     ready_pipe.send({"ok": True, **model_info(scheduler)})
     if graphs is not None:
