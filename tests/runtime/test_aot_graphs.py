@@ -22,7 +22,11 @@ from radixlm.runtime.executor.aot_graphs import AotGraphs, file_digest
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.models.quant import int4_available
 from radixlm.runtime.models.quant_head import int8_head_available
-from tests.runtime.test_cpu_compile import assert_decode_matches_eager, decode_logits
+from tests.runtime.test_cpu_compile import (
+    assert_decode_matches_eager,
+    assert_loaded_in_new_process,
+    decode_logits,
+)
 
 pytestmark = [
     pytest.mark.timeout(900),
@@ -89,24 +93,8 @@ def test_steps_the_graphs_do_not_take_run_eagerly(compiled):
 
 
 def test_a_later_process_loads_the_packages_without_the_compiler(compiled, tiny_llama):
-    directory = compiled.cpu_graphs.dir
-    log_time = os.stat(directory / "compile.log").st_mtime_ns
-    script = f"""
-import sys, time, torch
-torch.set_num_threads(1)  # NOTE: as this process: the graphs' thread count is in their key
-from radixlm.runtime.config import ServerArgs
-from radixlm.runtime.executor.model_runner import ModelRunner
-r = ModelRunner(ServerArgs(model_path={tiny_llama!r}, dtype="bfloat16", low_memory=True,
-                           max_total_tokens=1024, disable_cpu_compile=False))
-start = time.perf_counter()
-assert r.cpu_graphs.wait(120), "loading took over 2 minutes"
-print(r.cpu_compile_status, str(r.cpu_graphs.dir), time.perf_counter() - start,
-      any(m.startswith(("torch._dynamo", "torch._inductor")) for m in sys.modules))
-"""
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         timeout=300, check=True).stdout.split()  # fmt: skip
-    assert out[:2] == ["ready", str(directory)] and out[3] == "False", out
-    assert os.stat(directory / "compile.log").st_mtime_ns == log_time  # NOTE: no compile
+    assert_loaded_in_new_process(compiled, f"model_path={tiny_llama!r}, dtype='bfloat16', "
+                                 "low_memory=True, max_total_tokens=1024")  # fmt: skip
 
 
 def test_a_corrupt_package_is_built_again_not_loaded(compiled, tiny_llama, tmp_path, caplog):

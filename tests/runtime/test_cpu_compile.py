@@ -271,30 +271,33 @@ def test_large_decode_batches_run_compiled(int4_runner, monkeypatch):
     assert graphs.can_run(decode(shared + 1), 1)
 
 
-@needs_aot
-def test_a_later_process_loads_them_without_the_compiler(fp32_runner, tiny_llama):
-    """A restart finds every graph on disk and loads it, with no import of torch's compiler
-    (dynamo, inductor) and no build."""
-    directory = fp32_runner.cpu_graphs.dir
+def assert_loaded_in_new_process(runner: ModelRunner, server_args: str) -> None:
+    """A new process with ``ServerArgs(server_args)`` (and one torch thread, as here: the graphs'
+    thread count is part of their key) finds ``runner``'s graphs on disk and loads them, with
+    no build and no import of torch's compiler (dynamo, inductor)."""
+    directory = runner.cpu_graphs.dir
     log_time = (directory / "compile.log").stat().st_mtime_ns
     script = f"""
-import sys, time, torch
-torch.set_num_threads(1)  # NOTE: as this process: the graphs' thread count is in their key
+import sys, torch
+torch.set_num_threads(1)
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.executor.model_runner import ModelRunner
-r = ModelRunner(ServerArgs(model_path={tiny_llama!r}, dtype="float32", max_total_tokens=1024,
-                           disable_cpu_compile=False))
-from radixlm.kernels import cpu_ops
-cpu_ops.load()
-start = time.perf_counter()
-assert r.cpu_graphs.wait(120), "loading took over 2 minutes"
-print(r.cpu_compile_status, str(r.cpu_graphs.dir), time.perf_counter() - start,
+r = ModelRunner(ServerArgs({server_args}, disable_cpu_compile=False))
+assert r.cpu_graphs.on_disk() and r.cpu_graphs.wait(120), "loading took over 2 minutes"
+print(r.cpu_compile_status, str(r.cpu_graphs.dir),
       any(m.startswith(("torch._dynamo", "torch._inductor")) for m in sys.modules))
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          timeout=300, check=True).stdout.split()  # fmt: skip
-    assert out[:2] == ["ready", str(directory)] and out[3] == "False", out
+    assert out == ["ready", str(directory), "False"], out
     assert (directory / "compile.log").stat().st_mtime_ns == log_time  # NOTE: no build
+
+
+@needs_aot
+def test_a_later_process_loads_them_without_the_compiler(fp32_runner, tiny_llama):
+    assert_loaded_in_new_process(
+        fp32_runner, f"model_path={tiny_llama!r}, dtype='float32', max_total_tokens=1024"
+    )
 
 
 def verify_step(runner: ModelRunner, extends: list[int]) -> ForwardBatch:
