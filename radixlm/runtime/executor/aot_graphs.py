@@ -128,6 +128,7 @@ class AotGraphs:
         self.since: float | None = None  # NOTE: when the child started building (epoch s)
         self.error: str | None = None
         self._loaders: dict[str, object] = {}
+        self._choice: tuple | None = None  # NOTE: (batch, threads, graph_of's answer) of a step
         self._thread = threading.Thread(target=self._make, name="aot-graphs", daemon=True)
 
     def start(self) -> None:
@@ -164,7 +165,16 @@ class AotGraphs:
 
     def graph_of(self, batch: ForwardBatch, threads: int | None = None) -> tuple[str | None, int]:
         """The graph for ``batch`` on ``threads`` threads (None: the small count), loaded or
-        not, and the KV slots its requests share (read apart by ``shared``); None if none."""
+        not, and the KV slots its requests share (read apart by ``shared``); None if none.
+        Kept for the step: ``can_run`` and then ``forward`` ask for the same batch."""
+        last = self._choice
+        if last is not None and last[0] is batch and last[1] == threads:
+            return last[2]
+        choice = self._choose(batch, threads)
+        self._choice = (batch, threads, choice)
+        return choice
+
+    def _choose(self, batch: ForwardBatch, threads: int | None) -> tuple[str | None, int]:
         tokens, reqs = batch.input_ids.shape[0], len(batch.extend_lens_list)
         if batch.logits_indices.shape[0] != tokens or min(batch.seq_lens_list) < 2:
             return None, 0  # NOTE: the graphs' context length starts at 2
