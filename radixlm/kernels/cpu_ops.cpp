@@ -228,7 +228,7 @@ std::tuple<at::Tensor, at::Tensor> decode_attention(const at::Tensor& q, const a
 std::tuple<at::Tensor, at::Tensor> flash_attention(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
                                                    const at::Tensor& slots, const std::optional<at::Tensor>& q_starts,
                                                    const std::optional<at::Tensor>& kv_starts, bool causal,
-                                                   double scale) {
+                                                   double scale, int64_t window) {
   TORCH_CHECK(q.dim() == 3 && k_buf.dim() == 3 && v_buf.sizes() == k_buf.sizes(), "q [T, H, D], k/v [S, Hkv, D]");
   TORCH_CHECK(q.size(2) == k_buf.size(2) && k_buf.size(1) > 0 && q.size(1) % k_buf.size(1) == 0,
               "heads and head size must match the KV's");
@@ -236,6 +236,7 @@ std::tuple<at::Tensor, at::Tensor> flash_attention(const at::Tensor& q, const at
   TORCH_CHECK(k_buf.is_contiguous() && v_buf.is_contiguous(), "the KV pool's layers are contiguous");
   TORCH_CHECK(slots.scalar_type() == at::kLong && slots.dim() == 1, "slots [N] int64");
   TORCH_CHECK(q_starts.has_value() == kv_starts.has_value(), "q_starts and kv_starts together");
+  TORCH_CHECK(window >= 0 && (window == 0 || causal), "a sliding window (> 0) is causal");
   at::Tensor qs, ks;
   if (q_starts) {
     qs = q_starts->contiguous(), ks = kv_starts->contiguous();
@@ -256,7 +257,7 @@ std::tuple<at::Tensor, at::Tensor> flash_attention(const at::Tensor& q, const at
   auto run_flash = [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     radixlm::FlashArgs<T> args{qc.data_ptr<T>(), k_buf.data_ptr<T>(), v_buf.data_ptr<T>(), sc.data_ptr<int64_t>(),
-                               qp, kp, B, q.size(1), k_buf.size(1), q.size(2), causal, static_cast<float>(scale),
+                               qp, kp, B, q.size(1), k_buf.size(1), q.size(2), causal, window, static_cast<float>(scale),
                                out.data_ptr<float>(), lse.data_ptr<float>()};
     radixlm::flash_attention(args);
   };
@@ -355,7 +356,7 @@ TORCH_LIBRARY(radixlm_cpu, m) {
   m.def("decode_attention(Tensor q, Tensor k_buf, Tensor v_buf, Tensor kv_index, Tensor token_slot, "
         "Tensor key_mask, float scale) -> (Tensor, Tensor)");
   m.def("flash_attention(Tensor q, Tensor k_buf, Tensor v_buf, Tensor slots, Tensor? q_starts, Tensor? kv_starts, "
-        "bool causal, float scale) -> (Tensor, Tensor)");
+        "bool causal, float scale, int window=0) -> (Tensor, Tensor)");
   m.def("flash_vectorized(int head_dim) -> bool", &flash_vectorized);
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
 }

@@ -153,15 +153,17 @@ def flash_attention(
     kv_starts: torch.Tensor | None = None,
     causal: bool = False,
     scale: float = 1.0,
+    window: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Variable-length attention over KV pool slots: sequence ``b``'s tokens
     ``q[q_starts[b]:q_starts[b + 1]]`` (``q [T, H, D]``) attend to the pool's (``[S, Hkv, D]``)
     slots ``slots[kv_starts[b]:kv_starts[b + 1]]``; without starts, one sequence. ``causal``:
     a sequence's last token sits at its last slot, each earlier token one slot earlier; else
-    every token sees every slot of its sequence -> (``[T, H, D]`` and the log-sum-exp
+    every token sees every slot of its sequence; ``window`` > 0 (causal): each token only the
+    last ``window`` slots it sees, itself included -> (``[T, H, D]`` and the log-sum-exp
     ``[T, H]``, in float32)."""
     return torch.ops.radixlm_cpu.flash_attention(
-        q, k_buf, v_buf, slots, q_starts, kv_starts, causal, scale
+        q, k_buf, v_buf, slots, q_starts, kv_starts, causal, scale, window
     )
 
 

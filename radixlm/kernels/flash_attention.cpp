@@ -36,6 +36,10 @@ struct Seq {
   int64_t visible(bool causal, int64_t i) const {
     return causal ? std::max<int64_t>(0, std::min(L, L - M + i + 1)) : L;
   }
+  // The first of them: 0, or the start of query i's sliding window
+  int64_t first_visible(bool causal, int64_t window, int64_t i) const {
+    return window > 0 ? std::max<int64_t>(0, visible(causal, i) - window) : 0;
+  }
 };
 
 template <typename T>
@@ -53,11 +57,11 @@ void flash_scalar(const FlashArgs<T>& a) {
       const int64_t t = row / a.H, kv = row % a.H / G;
       const int64_t b = std::upper_bound(a.q_starts, a.q_starts + a.B + 1, t) - a.q_starts - 1;
       const Seq seq = seq_of(a, b);
-      const int64_t n = seq.visible(a.causal, t - seq.q0);
+      const int64_t n = seq.visible(a.causal, t - seq.q0), lo = seq.first_visible(a.causal, a.window, t - seq.q0);
       s.resize(std::max<int64_t>(n, 1));
       const T* q = a.q + row * D;
       float top = -kInf;
-      for (int64_t l = 0; l < n; ++l) {
+      for (int64_t l = lo; l < n; ++l) {
         const T* key = a.k + (a.slots[seq.k0 + l] * a.Hkv + kv) * D;
         float dot = 0.f;
         for (int64_t d = 0; d < D; ++d) dot += static_cast<float>(q[d]) * static_cast<float>(key[d]);
@@ -65,9 +69,9 @@ void flash_scalar(const FlashArgs<T>& a) {
         top = std::max(top, s[l]);
       }
       float total = 0.f;
-      for (int64_t l = 0; l < n; ++l) total += (s[l] = std::exp(s[l] - top));
+      for (int64_t l = lo; l < n; ++l) total += (s[l] = std::exp(s[l] - top));
       std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t l = 0; l < n; ++l) {
+      for (int64_t l = lo; l < n; ++l) {
         const T* value = a.v + (a.slots[seq.k0 + l] * a.Hkv + kv) * D;
         for (int64_t d = 0; d < D; ++d) acc[d] += s[l] * static_cast<float>(value[d]);
       }
@@ -170,11 +174,11 @@ struct Scratch {
       : q(rows), scores(rows * KB), out(rows * D), top(rows), total(rows), probs(rows * KB) {}
 };
 
-// Softmax update of one row over its `valid` scores of the block: running max and sum, the
-// output rescaled, the probabilities stored as bf16 (zeros past `valid`)
-inline void online_softmax(float* s, int64_t valid, float scale, float& top, float& total, float* out,
-                           int64_t D, bf16* probs) {
-  if (valid <= 0) {
+// Softmax update of one row over its scores [begin, valid) of the block: running max and sum,
+// the output rescaled, the probabilities stored as bf16 (zeros outside)
+inline void online_softmax(float* s, int64_t begin, int64_t valid, float scale, float& top, float& total,
+                           float* out, int64_t D, bf16* probs) {
+  if (valid <= begin) {
     std::memset(probs, 0, KB * sizeof(bf16));
     return;
   }
@@ -183,6 +187,7 @@ inline void online_softmax(float* s, int64_t valid, float scale, float& top, flo
   __m512 block_top = _mm512_set1_ps(-kInf);
   for (int c = 0; c < 4; ++c) {
     m[c] = valid > c * 16 ? tail_mask(valid - c * 16) : 0;
+    if (begin > c * 16) m[c] &= static_cast<__mmask16>(~tail_mask(begin - c * 16));
     x[c] = _mm512_mul_ps(_mm512_loadu_ps(s + c * 16), _mm512_set1_ps(scale));
     block_top = _mm512_mask_max_ps(block_top, m[c], block_top, x[c]);
   }
@@ -213,14 +218,16 @@ void flash_item(const FlashArgs<bf16>& a, const Seq& seq, const u32* keys, const
   std::fill_n(w.top.begin(), rows, -kInf);
   std::fill_n(w.total.begin(), rows, 0.f);
   const int64_t end = seq.visible(a.causal, t1 - 1);
-  for (int64_t first = 0; first < end; first += KB) {
+  const int64_t start = seq.first_visible(a.causal, a.window, t0) / KB * KB;
+  for (int64_t first = start; first < end; first += KB) {
     const u32* kb = keys + first * (D / 2);
     in_runs<QR>(rows, [&](int64_t r, auto n) {
       block_scores<D, decltype(n)::value>(w.q.data() + r, kb, w.scores.data() + r * KB);
     });
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t valid = std::min(KB, seq.visible(a.causal, t0 + r / G) - first);
-      online_softmax(w.scores.data() + r * KB, valid, a.scale, w.top[r], w.total[r], w.out.data() + r * D, D,
+      const int64_t begin = std::max<int64_t>(0, seq.first_visible(a.causal, a.window, t0 + r / G) - first);
+      online_softmax(w.scores.data() + r * KB, begin, valid, a.scale, w.top[r], w.total[r], w.out.data() + r * D, D,
                      w.probs.data() + r * KB);
     }
     const int64_t pairs = (std::min(KB, end - first) + 1) / 2;
@@ -251,7 +258,7 @@ void flash_vector(const FlashArgs<bf16>& a) {
     const int64_t n = (seq.L + KB - 1) / KB;
     for (int64_t i = 0; i < n; ++i) blocks.emplace_back(b, i);
     for (int64_t t0 = 0; t0 < seq.M; t0 += tokens) {
-      const int64_t t1 = std::min(seq.M, t0 + tokens), cost = (t1 - t0) * seq.visible(a.causal, t1 - 1);
+      const int64_t t1 = std::min(seq.M, t0 + tokens), cost = (t1 - t0) * (seq.visible(a.causal, t1 - 1) - seq.first_visible(a.causal, a.window, t0));
       for (int64_t h = 0; h < a.Hkv; ++h) work.push_back({b, t0, t1, h, cost});
     }
     seqs.push_back(seq);

@@ -13,6 +13,8 @@ namespace radixlm {
 // sequence's last query sits at its last key, each one before it a key earlier; else every
 // query sees every key of its sequence. q [T, H, D] and the pool's k/v [S, Hkv, D] are
 // contiguous; out [T, H, D] and lse [T, H] (each row's log-sum-exp of scaled scores) float32.
+// window > 0 (causal only): a query sees only the last `window` of its visible keys (itself
+// included), a sliding-window layer's.
 template <typename T>
 struct FlashArgs {
   const T* q;
@@ -23,6 +25,7 @@ struct FlashArgs {
   const int64_t* kv_starts;  // [B + 1]
   int64_t B, H, Hkv, D;
   bool causal;
+  int64_t window;
   float scale;
   float* out;
   float* lse;

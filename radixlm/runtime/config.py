@@ -32,6 +32,31 @@ class ModelConfig:
     qk_norm: bool = False
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
+    # NOTE: what the attention backend needs per layer. A sliding layer's query at position p
+    # sees keys p - W < k <= p (HF's convention); () = every layer attends to all its keys.
+    layer_windows: tuple[int | None, ...] = ()
+    attention_scale: float | None = None  # None: head_dim ** -0.5
+    attn_softcap: float | None = None  # scores -> cap * tanh(scores / cap) (Gemma 2)
+    final_softcap: float | None = None  # logits likewise
+    # NOTE: the rest is read by the model families (models/*.py) as the paper defines them
+    hidden_act: str = "silu"
+    rotary_dim: int | None = None  # None: head_dim (partial rotary otherwise)
+    rope_local_theta: float | None = None  # sliding layers' RoPE base (Gemma 3)
+    rope_layers: tuple[bool, ...] = ()  # which layers apply RoPE (SmolLM3); () = all
+    embedding_multiplier: float = 1.0  # Granite
+    residual_multiplier: float = 1.0
+    logits_scaling: float = 1.0  # logits are divided by it
+    num_experts: int = 0  # mixture of experts: 0 = dense MLP in every layer
+    experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    norm_topk_prob: bool = True  # the top-k routing weights renormalised to sum to 1
+    moe_layers: tuple[bool, ...] = ()  # which layers are MoE; () = all (when num_experts)
+
+    @property
+    def window_of(self) -> list[int | None]:
+        """Each layer's sliding window (None = full attention)."""
+        return list(self.layer_windows) or [None] * self.num_layers
 
     @property
     def rope_scaling_dict(self) -> dict[str, Any] | None:
@@ -47,9 +72,22 @@ class ModelConfig:
         eos = d.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
         rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
+        local_theta = d.get("rope_local_base_freq")
+        if "full_attention" in rope:  # NOTE: per layer type (Gemma 3 in transformers 5)
+            local_theta = rope.get("sliding_attention", {}).get("rope_theta", local_theta)
+            rope = rope["full_attention"]
         theta = d.get("rope_theta") or rope.get("rope_theta", 10000.0)
         scaling = None if rope.get("rope_type", rope.get("type")) in (None, "default") else rope
+        if scaling is not None and "original_max_position_embeddings" in d:
+            scaling = {"original_max_position_embeddings": d["original_max_position_embeddings"],
+                       "max_position_embeddings": d.get("max_position_embeddings"),
+                       **scaling}  # fmt: skip
         arch = archs[0]
+        head_dim = d.get("head_dim") or d["hidden_size"] // heads
+        partial = d.get("partial_rotary_factor") or rope.get("partial_rotary_factor") or 1.0
+        experts = d.get("num_local_experts") or d.get("num_experts") or 0
+        step = d.get("decoder_sparse_step") or 1
+        dense_layers = set(d.get("mlp_only_layers") or [])
         return cls(
             architecture=arch,
             hidden_size=d["hidden_size"],
@@ -57,7 +95,7 @@ class ModelConfig:
             num_layers=d["num_hidden_layers"],
             num_heads=heads,
             num_kv_heads=d.get("num_key_value_heads") or heads,
-            head_dim=d.get("head_dim") or d["hidden_size"] // heads,
+            head_dim=head_dim,
             vocab_size=d["vocab_size"],
             rms_norm_eps=d.get("rms_norm_eps", 1e-6),
             rope_theta=float(theta),
@@ -68,6 +106,26 @@ class ModelConfig:
             qk_norm=arch.startswith("Qwen3"),
             eos_token_ids=eos_ids,
             bos_token_id=d.get("bos_token_id"),
+            layer_windows=_layer_windows(d),
+            attention_scale=_attention_scale(d),
+            attn_softcap=d.get("attn_logit_softcapping"),
+            final_softcap=d.get("final_logit_softcapping"),
+            hidden_act=d.get("hidden_activation") or d.get("hidden_act") or "silu",
+            rotary_dim=int(head_dim * partial) if partial != 1.0 else None,
+            rope_local_theta=float(local_theta) if local_theta else None,
+            rope_layers=tuple(bool(x) for x in d.get("no_rope_layers") or ()),
+            embedding_multiplier=float(d.get("embedding_multiplier", 1.0)),
+            residual_multiplier=float(d.get("residual_multiplier", 1.0)),
+            logits_scaling=float(d.get("logits_scaling", 1.0)),
+            num_experts=experts,
+            experts_per_tok=d.get("num_experts_per_tok") or 0,
+            moe_intermediate_size=d.get("moe_intermediate_size") or d["intermediate_size"],
+            shared_expert_intermediate_size=d.get("shared_expert_intermediate_size") or 0,
+            # NOTE: Mixtral renormalises (no flag); Qwen-MoE and OLMoE say whether they do
+            norm_topk_prob=d.get("norm_topk_prob", True),
+            moe_layers=tuple(
+                i not in dense_layers and (i + 1) % step == 0 for i in range(d["num_hidden_layers"])
+            ) if experts else (),
         )
 
     def with_overrides(self, **kw: Any) -> ModelConfig:
@@ -77,7 +135,29 @@ class ModelConfig:
 def _freeze(d: dict[str, Any] | None) -> tuple[tuple[str, Any], ...] | None:
     if not d:
         return None
-    return tuple(sorted((k, v) for k, v in d.items() if not isinstance(v, (dict, list))))
+    items = ((k, tuple(v) if isinstance(v, list) else v) for k, v in d.items())
+    return tuple(sorted((k, v) for k, v in items if not isinstance(v, dict) and v is not None))
+
+
+def _layer_windows(d: dict[str, Any]) -> tuple[int | None, ...]:
+    """Each layer's sliding window, from ``layer_types`` where the config has them (Gemma 2/3,
+    Qwen2, GPT-OSS), else ``sliding_window`` on every layer (Mistral, Mixtral, Phi-3)."""
+    window = d.get("sliding_window")
+    if not window or d.get("use_sliding_window") is False:
+        return ()
+    types = d.get("layer_types")
+    if types is None:
+        return (window,) * d["num_hidden_layers"]
+    windows = tuple(window if t == "sliding_attention" else None for t in types)
+    return windows if any(windows) else ()
+
+
+def _attention_scale(d: dict[str, Any]) -> float | None:
+    if d.get("query_pre_attn_scalar"):  # NOTE: Gemma
+        return float(d["query_pre_attn_scalar"]) ** -0.5
+    if d.get("attention_multiplier"):  # NOTE: Granite
+        return float(d["attention_multiplier"])
+    return None
 
 
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs", "lof", "random")

@@ -15,20 +15,23 @@ from radixlm.runtime.mem_cache.memory_pool import KVPool, ReqToTokenPool
 HEADS, KV_HEADS, DIM = 6, 2, 16
 
 
-def reference(q, pool: KVPool, slots_per_req, prefixes, extends, scale):
+def reference(q, pool: KVPool, slots_per_req, prefixes, extends, scale, window=0, softcap=None):
     outs, t = [], 0
     for slots, p, e in zip(slots_per_req, prefixes, extends):
         k = pool.k[0][slots].repeat_interleave(HEADS // KV_HEADS, 1)  # [L, H, D]
         v = pool.v[0][slots].repeat_interleave(HEADS // KV_HEADS, 1)
         for i in range(e):
             pos = p + i
-            s = torch.einsum("hd,lhd->hl", q[t], k[: pos + 1]) * scale
-            outs.append(torch.einsum("hl,lhd->hd", s.softmax(-1), v[: pos + 1]))
+            lo = max(0, pos - window + 1) if window else 0
+            s = torch.einsum("hd,lhd->hl", q[t], k[lo : pos + 1]) * scale
+            if softcap:
+                s = softcap * torch.tanh(s / softcap)
+            outs.append(torch.einsum("hl,lhd->hd", s.softmax(-1), v[lo : pos + 1]))
             t += 1
     return torch.stack(outs)
 
 
-def attend(shared, extends, own_base, dtype=torch.float32, dim=DIM):
+def attend(shared, extends, own_base, dtype=torch.float32, dim=DIM, window=0, softcap=None):
     """A batch of ``extends`` new tokens per request after ``own_base + 3 r`` own cached slots
     and ``shared`` slots common to all -> (the backend's output, the reference, its groups)."""
     gen = torch.Generator().manual_seed(0)
@@ -62,7 +65,8 @@ def attend(shared, extends, own_base, dtype=torch.float32, dim=DIM):
         logits_indices=list(range(total)), req_to_token=table.table,
     )  # fmt: skip
     backend = create_attention_backend(
-        "torch", kv_pool=pool, num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=dim
+        "torch", kv_pool=pool, num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=dim,
+        windows=[window or None], softcap=softcap,
     )
     q = torch.randn(total, HEADS, dim, generator=gen).to(dtype)
     k = torch.randn(total, KV_HEADS, dim, generator=gen).to(dtype)
@@ -72,8 +76,10 @@ def attend(shared, extends, own_base, dtype=torch.float32, dim=DIM):
     pool32 = KVPool(512, 1, KV_HEADS, dim, torch.float32, torch.device("cpu"))
     pool32.k[0].copy_(pool.k[0])
     pool32.v[0].copy_(pool.v[0])
-    expected = reference(q.float(), pool32, slot_lists, prefixes, extends, dim**-0.5)
-    return out, expected, batch.attn_meta
+    expected = reference(
+        q.float(), pool32, slot_lists, prefixes, extends, dim**-0.5, window, softcap
+    )
+    return out, expected, batch.attn_meta[window or None]
 
 
 @pytest.mark.parametrize("own_base", [5, 0])
@@ -86,10 +92,10 @@ def test_matches_reference(shared, extends, own_base, monkeypatch):
     sdpa_calls, flash_calls = [], []
     sdpa, flash = torch_backend.sdpa_attention, torch_backend.flash_attention
     monkeypatch.setattr(
-        torch_backend, "sdpa_attention", lambda *a: sdpa_calls.append(a) or sdpa(*a)
+        torch_backend, "sdpa_attention", lambda *a, **k: sdpa_calls.append(a) or sdpa(*a, **k)
     )
     monkeypatch.setattr(
-        torch_backend, "flash_attention", lambda *a: flash_calls.append(a) or flash(*a)
+        torch_backend, "flash_attention", lambda *a, **k: flash_calls.append(a) or flash(*a, **k)
     )
     out, expected, groups = attend(shared, extends, own_base)
     if shared:  # NOTE: decode and extend rows form separate groups; cascade needs 2+ requests
@@ -121,3 +127,36 @@ def test_bf16_extends_take_the_cpp_flash_kernel(shared, extends, monkeypatch):
     extending, decoding = sum(e > 1 for e in extends), sum(e == 1 for e in extends)
     cascades = bool(shared) * ((extending > 1) + (decoding > 1))
     assert len(calls) == (extending > 0) + cascades
+
+
+@pytest.mark.parametrize("window", [1, 6, 30])
+@pytest.mark.parametrize("shared", [0, 70])
+@pytest.mark.parametrize("extends", [[1, 1, 1, 1], [5, 1, 9, 1], [40], [40, 1]])
+def test_sliding_window_matches_reference(shared, extends, window, monkeypatch):
+    """A sliding layer sees only each query's last ``window`` keys (itself included), in
+    decode and extend groups, with and without a prefix every request shares."""
+    monkeypatch.setattr(torch_backend, "MIN_SHARED_PREFIX", 8)
+    monkeypatch.setattr(torch_backend, "SDPA_MIN_EXTEND", 16)
+    out, expected, groups = attend(shared, extends, 5, window=window)
+    longest = max(shared + 5 + 3 * r + e for r, e in enumerate(extends))
+    if longest > window:  # NOTE: else no key is out of any window: the full groups serve
+        assert all(g.shared is None and g.window == window for g in groups)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("window", [0, 6])
+@pytest.mark.parametrize("extends", [[1, 1, 1], [5, 1, 9], [40]])
+def test_bf16_window_in_the_cpp_kernel(extends, window):
+    if not (cpu_ops.load() and cpu_ops.flash_ready(torch.bfloat16, 32)):
+        pytest.skip("no AVX-512 BF16 flash kernel on this CPU")
+    out, expected, groups = attend(70, extends, 5, torch.bfloat16, dim=32, window=window)
+    torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("shared", [0, 70])
+@pytest.mark.parametrize("extends", [[1, 1, 1, 1], [5, 1, 9, 1], [40]])
+def test_softcapped_scores_match_reference(shared, extends, monkeypatch):
+    """Gemma 2's ``cap * tanh(s / cap)`` on every score, the shared part's too."""
+    monkeypatch.setattr(torch_backend, "MIN_SHARED_PREFIX", 8)
+    out, expected, _ = attend(shared, extends, 5, softcap=0.5)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)

@@ -1,4 +1,5 @@
-"""Layers shared by the model families: RMSNorm, rotary embedding, gated MLP, attention."""
+"""Layers shared by the model families: RMSNorm, rotary embedding, gated MLP, attention, and the
+pre-norm decoder layer; each family (llama.py, gemma.py, ...) composes them as its paper does."""
 
 from __future__ import annotations
 
@@ -14,12 +15,19 @@ from radixlm.runtime.executor.forward_batch import ForwardBatch
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
+    """``unit_offset``: the weight is stored as ``w - 1`` and applied as ``1 + w`` in float32
+    before rounding (Gemma)."""
+
+    def __init__(self, dim: int, eps: float, unit_offset: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.unit_offset = unit_offset
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.unit_offset:
+            weight = self.weight.float() + 1.0
+            return F.rms_norm(x.float(), x.shape[-1:], weight, self.eps).to(x.dtype)
         # NOTE: both compute in float32 and round once, as HF's upcast does; eager bf16 steps on
         # CPU take the C++ kernel once loaded (one op for torch's ~8), compiled ones fuse torch's
         weight = self.weight.to(x.dtype)
@@ -29,21 +37,76 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, x.shape[-1:], weight, self.eps)
 
 
-def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
-    """Inverse frequencies, with Llama 3 frequency scaling when the config asks for it."""
-    dim = config.head_dim
+ROPE_TYPES = ("linear", "llama3", "yarn", "longrope")
+
+
+def rope_inv_freq(
+    config: ModelConfig, theta: float | None = None, scaled: bool = True
+) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies of the rotary dimensions and the factor cos/sin are scaled by, with
+    the config's frequency scaling (``scaled``; a Gemma 3 sliding layer's local base has none)."""
+    dim = config.rotary_dim or config.head_dim
+    base = config.rope_theta if theta is None else theta
     # NOTE: on the host whatever device the model is built on (models are built on "meta")
     steps = torch.arange(0, dim, 2, dtype=torch.float64, device="cpu")
-    inv_freq = 1.0 / (config.rope_theta ** (steps / dim))
-    scaling = config.rope_scaling_dict
+    inv_freq = 1.0 / (base ** (steps / dim))
+    scaling = config.rope_scaling_dict if scaled else None
     if not scaling:
-        return inv_freq.float()
+        return inv_freq.float(), 1.0
     kind = scaling.get("rope_type", scaling.get("type"))
     if kind == "llama3":
-        return _llama3_scale(inv_freq, scaling).float()
+        return _llama3_scale(inv_freq, scaling).float(), 1.0
     if kind == "linear":
-        return (inv_freq / scaling["factor"]).float()
-    raise ValueError(f"rope_scaling type {kind!r} is not supported (supported: llama3, linear)")
+        return (inv_freq / scaling["factor"]).float(), 1.0
+    if kind == "yarn":
+        return _yarn(inv_freq, scaling, dim, base, config.context_length)
+    if kind == "longrope":
+        return _longrope(inv_freq, scaling, config.context_length)
+    raise ValueError(
+        f"rope_scaling type {kind!r} is not supported (supported: {', '.join(ROPE_TYPES)})"
+    )
+
+
+def _yarn(inv_freq, s: dict, dim: int, base: float, context: int) -> tuple[torch.Tensor, float]:
+    """YaRN (arXiv 2309.00071): interpolate the low frequencies by ``factor``, keep the high
+    ones, ramp between the dimensions that rotate ``beta_slow`` and ``beta_fast`` times over the
+    original context; cos/sin scaled by ``0.1 ln(factor) + 1`` (or the given factor)."""
+    old = s["original_max_position_embeddings"]
+    factor = s.get("factor") or context / old
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention = s.get("attention_factor")
+    if attention is None:
+        m, m_all = s.get("mscale"), s.get("mscale_all_dim")
+        attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+
+    def dim_of(rotations: float) -> float:
+        return dim * math.log(old / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = dim_of(s.get("beta_fast") or 32), dim_of(s.get("beta_slow") or 1)
+    if s.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / max(high - low, 1e-3)).clamp(0, 1)
+    keep = 1 - ramp  # NOTE: 1 = the original (extrapolated) frequency
+    out = inv_freq / factor * (1 - keep) + inv_freq * keep
+    return out.float(), float(attention)
+
+
+def _longrope(inv_freq, s: dict, context: int) -> tuple[torch.Tensor, float]:
+    """LongRoPE (Phi-3): each frequency divided by its own factor, ``short_factor`` within the
+    original context. NOTE: positions past it would take ``long_factor`` in Hugging Face (for a
+    whole sequence, once it is longer); here the short factors serve every position, so output
+    past the original context differs from HF's."""
+    old = s["original_max_position_embeddings"]
+    factor = s.get("factor") or (s.get("max_position_embeddings") or context) / old
+    attention = s.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(old))
+    short = torch.tensor(s["short_factor"], dtype=torch.float64)
+    return (inv_freq / short).float(), float(attention)
 
 
 def _llama3_scale(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
@@ -65,9 +128,9 @@ class RotaryEmbedding(nn.Module):
     the context length up front, so a forward pass only indexes it: no size check, no host sync
     (what a CUDA graph needs)."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, theta: float | None = None, scaled: bool = True) -> None:
         super().__init__()
-        self.inv_freq = rope_inv_freq(config)
+        self.inv_freq, self.attention_factor = rope_inv_freq(config, theta, scaled)
         self._table: tuple[torch.Tensor, torch.Tensor] | None = None
         self._sized = False
 
@@ -80,7 +143,8 @@ class RotaryEmbedding(nn.Module):
         positions = torch.arange(n, dtype=torch.float32, device=device)
         freqs = torch.outer(positions, self.inv_freq.to(device))
         emb = torch.cat([freqs, freqs], dim=-1)
-        return emb.cos().to(device, dtype), emb.sin().to(device, dtype)
+        f = self.attention_factor
+        return (emb.cos() * f).to(device, dtype), (emb.sin() * f).to(device, dtype)
 
     def cos_sin(
         self, positions: torch.Tensor, dtype: torch.dtype
@@ -96,26 +160,57 @@ class RotaryEmbedding(nn.Module):
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
+    """Rotate halves of the first ``cos.shape[-1]`` dimensions (all, unless partial rotary)."""
+    dim = cos.shape[-1]
+    if dim < x.shape[-1]:
+        return torch.cat([apply_rotary(x[..., :dim], cos, sin), x[..., dim:]], dim=-1)
+    half = dim // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
 
 
+ACTIVATIONS = {
+    "silu": F.silu,
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu": F.gelu,
+}
+
+
+def activation(name: str):
+    if name not in ACTIVATIONS:
+        raise ValueError(f"hidden_act {name!r} is not supported (supported: {sorted(ACTIVATIONS)})")
+    return ACTIVATIONS[name]
+
+
 class GatedMLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int) -> None:
+    """``down(act(gate(x)) * up(x))``: SwiGLU with silu, GeGLU with gelu (Gemma)."""
+
+    def __init__(self, hidden: int, intermediate: int, act: str = "silu") -> None:
         super().__init__()
         self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.act = activation(act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.act(gate) * up)
 
 
 class Attention(nn.Module):
-    """Fused QKV projection, optional q/k RMSNorm (Qwen3), rotary, attention over the KV pool."""
+    """Fused QKV projection, optional q/k RMSNorm, rotary, attention over the KV pool.
 
-    def __init__(self, config: ModelConfig, layer_id: int) -> None:
+    ``qk_norm``: "head" normalises each head's q and k (Qwen3, Gemma 3), "full" the whole
+    projected q and k (OLMo 2, OLMoE); ``rope=False`` skips rotary (SmolLM3's NoPE layers).
+    The backend knows the layer's window, scale and soft cap by ``layer_id``."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        layer_id: int,
+        qk_norm: str | None = None,
+        rope: bool = True,
+        unit_offset: bool = False,
+    ) -> None:
         super().__init__()
         self.layer_id = layer_id
         self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
@@ -126,33 +221,50 @@ class Attention(nn.Module):
             config.hidden_size, q_size + 2 * kv_size, bias=config.attention_bias
         )
         self.o_proj = nn.Linear(q_size, config.hidden_size, bias=False)
-        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        qk_norm = qk_norm or ("head" if config.qk_norm else None)
+        self.qk_norm, self.rope = qk_norm, rope
+        q_dim, k_dim = (self.head_dim, self.head_dim) if qk_norm == "head" else (q_size, kv_size)
+        eps = config.rms_norm_eps
+        self.q_norm = RMSNorm(q_dim, eps, unit_offset) if qk_norm else None
+        self.k_norm = RMSNorm(k_dim, eps, unit_offset) if qk_norm else None
 
     def forward(
         self, x: torch.Tensor, cos_sin: tuple, batch: ForwardBatch, backend
     ) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
+        if self.qk_norm == "full":
+            q, k = self.q_norm(q), self.k_norm(k)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
+        if self.qk_norm == "head":
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, *cos_sin), apply_rotary(k, *cos_sin)
+        if self.rope:
+            q, k = apply_rotary(q, *cos_sin), apply_rotary(k, *cos_sin)
         out = backend.forward(q, k, v, self.layer_id, batch)
         return self.o_proj(out.reshape(-1, self.num_heads * self.head_dim))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer_id: int) -> None:
+    """Pre-norm block: ``x + m * attn(norm(x))``, then ``x + m * mlp(norm(x))`` (``m`` the
+    residual multiplier, 1 but for Granite); ``mlp`` defaults to the dense gated MLP."""
+
+    def __init__(
+        self, config: ModelConfig, layer_id: int, attn: nn.Module | None = None,
+        mlp: nn.Module | None = None,
+    ) -> None:  # fmt: skip
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config, layer_id)
+        self.self_attn = attn or Attention(config, layer_id)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size)
+        self.mlp = mlp or GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act)
+        self.residual_multiplier = config.residual_multiplier
 
     def forward(
         self, x: torch.Tensor, cos_sin: tuple, batch: ForwardBatch, backend
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos_sin, batch, backend)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        m = self.residual_multiplier
+        attn = self.self_attn(self.input_layernorm(x), cos_sin, batch, backend)
+        x = x + (attn if m == 1.0 else attn * m)
+        mlp = self.mlp(self.post_attention_layernorm(x))
+        return x + (mlp if m == 1.0 else mlp * m)

@@ -31,12 +31,26 @@ class AttentionBackend(ABC):
     (the cached prefix plus, causally, the new tokens).
     """
 
-    def __init__(self, kv_pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+    def __init__(
+        self,
+        kv_pool: KVPool,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float | None = None,
+        windows: list[int | None] | None = None,
+        softcap: float | None = None,
+    ) -> None:
+        """``windows``: each layer's sliding window (None: full attention), a query at position
+        ``p`` seeing the keys ``p - W < k <= p``; ``softcap``: scores become
+        ``softcap * tanh(scores / softcap)`` before the softmax (Gemma 2)."""
         self.kv_pool = kv_pool
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
-        self.scale = head_dim**-0.5
+        self.scale = head_dim**-0.5 if scale is None else scale
+        self.windows = list(windows or [None] * len(kv_pool.k))
+        self.softcap = softcap
 
     supports_cuda_graph = False
 

@@ -11,6 +11,12 @@ BF16 take the C++ flash kernel (``kernels/cpu_ops.py``) once the CPU kernels loa
 request's queries over its own slots read through the KV index (no gathered or padded copy),
 causally, and a shared part once for every query; SmolLM2, 790-token prompt, 2 threads: ~3 ms
 a layer against 8.5 for torch's SDPA. So do decode groups' shared parts.
+
+A sliding-window layer reads only each request's last keys: its groups (one set per window
+size, built once a step) gather from the first slot a request's earliest query can see, mask
+the window's lower edge too, and share no prefix; the C++ kernel takes the window itself.
+Once no request is longer than the window, the layer uses the full-attention groups. With
+score soft-capping (Gemma 2) every group takes the two matmuls, which cap the scores.
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ class _Group:
     shared: torch.Tensor | None  # [P] KV slots every request of the group starts with
     kernel: bool  # the C++ flash kernel serves the shared part (and ``own``, where set)
     own: _Varlen | None = None  # each request's slots after the shared part, for the kernel
+    window: int = 0  # the layers' sliding window (0: none)
 
 
 @dataclass
@@ -66,32 +73,53 @@ class _Varlen:
 @register_attention_backend("torch")
 class TorchAttentionBackend(AttentionBackend):
     def prepare(self, batch: ForwardBatch) -> None:
+        """``batch.attn_meta``: each window size's groups (None: full attention's)."""
         ext = batch.extend_lens_list
         decode_rows = [i for i, n in enumerate(ext) if n == 1]
         extend_rows = [i for i, n in enumerate(ext) if n != 1]
         groups = [rows for rows in (decode_rows, extend_rows) if rows]
-        batch.attn_meta = [self._group(batch, rows, len(groups) == 1) for rows in groups]
+        full = [self._group(batch, rows, len(groups) == 1) for rows in groups]
+        batch.attn_meta = {None: full}
+        longest = max(batch.seq_lens_list)
+        for w in set(self.windows) - {None}:
+            batch.attn_meta[w] = full if longest <= w else [
+                self._group(batch, rows, len(groups) == 1, w) for rows in groups
+            ]  # fmt: skip
 
     def _flash_kernel(self) -> bool:
         """Whether the C++ flash kernel serves this pool (it loads in the background: once
-        it has, the answer stays yes)."""
+        it has, the answer stays yes); never with soft-capped scores, which it cannot cap."""
+        if self.softcap:
+            return False
         if not getattr(self, "_kernel_ready", False):
             self._kernel_ready = self.kv_pool.k[0].device.type == "cpu" and cpu_ops.flash_ready(
                 self.kv_pool.dtype, self.head_dim
             )
         return self._kernel_ready
 
-    def _group(self, batch: ForwardBatch, rows: list[int], whole: bool) -> _Group:
+    def _group(self, batch: ForwardBatch, rows: list[int], whole: bool, window: int = 0) -> _Group:
         device = batch.input_ids.device
         ext = [batch.extend_lens_list[i] for i in rows]
         seq = [batch.seq_lens_list[i] for i in rows]
-        n, max_e, max_l = len(rows), max(ext), max(seq)
+        # NOTE: each request's first key its earliest query can see (0 without a window)
+        first = [max(0, s - e - window + 1) if window else 0 for s, e in zip(seq, ext)]
+        n, max_e = len(rows), max(ext)
+        max_l = max(s - f for s, f in zip(seq, first))
         if n > 1 and max_e == 1:
-            bucket = -(-max_l // DECODE_LEN_BUCKET) * DECODE_LEN_BUCKET
-            max_l = min(bucket, batch.req_to_token.shape[1])
+            max_l = -(-max_l // DECODE_LEN_BUCKET) * DECODE_LEN_BUCKET
+        max_l = min(max_l, batch.req_to_token.shape[1])
         rows_t = torch.tensor(rows, dtype=torch.int64, device=device)
-        kv_index = batch.req_to_token[batch.req_slots[rows_t], :max_l]
-        shared_len = shared_prefix_len(kv_index[:, : min(seq)]) if n > 1 else 0
+        slots_of = batch.req_slots[rows_t]
+        if window:
+            first_t = torch.tensor(first, dtype=torch.int64, device=device)
+            cols = (first_t[:, None] + torch.arange(max_l, device=device)).clamp_(
+                max=batch.req_to_token.shape[1] - 1
+            )
+            kv_index = batch.req_to_token[slots_of[:, None], cols]
+            shared_len = 0  # NOTE: windows move with each query: no part every query sees
+        else:
+            kv_index = batch.req_to_token[slots_of, :max_l]
+            shared_len = shared_prefix_len(kv_index[:, : min(seq)]) if n > 1 else 0
         if shared_len < MIN_SHARED_PREFIX:
             shared_len = 0
         # NOTE: new tokens get fresh slots, so every query sits past the shared part and sees
@@ -101,27 +129,30 @@ class TorchAttentionBackend(AttentionBackend):
         kernel = self._flash_kernel()
         token_idx = None if whole else _token_rows(batch, rows_t, ext).to(device)
         if kernel and max_e > 1:  # NOTE: no mask, no padding: the kernel reads the slots
-            own = [length - shared_len for length in seq]
+            own = [length - shared_len - f for length, f in zip(seq, first)]
             slots = torch.cat([kv_index[i, : own[i]] for i in range(n)])
             varlen = _Varlen(slots, _starts(ext, device), _starts(own, device))
-            return _Group(token_idx, kv_index, None, None, n, max_e, shared, True, varlen)
+            return _Group(token_idx, kv_index, None, None, n, max_e, shared, True, varlen, window)
         seq_t, ext_t = batch.seq_lens[rows_t], batch.extend_lens[rows_t]
         q_pos = (seq_t - ext_t)[:, None] + torch.arange(max_e, device=device)[None, :]
-        keys = torch.arange(shared_len, max_l, device=device)
-        mask = (keys[None, None, :] <= q_pos[:, :, None]) & (
-            keys[None, None, :] < seq_t[:, None, None]
-        )
+        offset = first_t[:, None] if window else shared_len
+        keys = (offset + torch.arange(max_l - shared_len, device=device))[..., None, :]
+        if keys.dim() == 2:
+            keys = keys[None]
+        mask = (keys <= q_pos[:, :, None]) & (keys < seq_t[:, None, None])
+        if window:
+            mask &= keys > q_pos[:, :, None] - window
         pad_idx = None
         if any(e != max_e for e in ext):
             pad_idx = torch.cat([torch.arange(i * max_e, i * max_e + e) for i, e in enumerate(ext)])
             pad_idx = pad_idx.to(device)
-        return _Group(token_idx, kv_index, pad_idx, mask, n, max_e, shared, kernel)
+        return _Group(token_idx, kv_index, pad_idx, mask, n, max_e, shared, kernel, None, window)
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch: ForwardBatch
     ) -> torch.Tensor:
         self.kv_pool.write(layer, batch.out_cache_loc, k, v)
-        groups: list[_Group] = batch.attn_meta
+        groups: list[_Group] = batch.attn_meta[self.windows[layer]]
         if len(groups) == 1 and groups[0].token_idx is None:
             return self._attend(q, layer, groups[0])
         out = torch.empty_like(q)
@@ -142,10 +173,11 @@ class TorchAttentionBackend(AttentionBackend):
         dtype = torch.float32 if g.num_reqs * g.max_extend == 1 else k_buf.dtype
         q4 = q.view(g.num_reqs, g.max_extend, *q.shape[1:]).to(dtype)
         k, v = _gather(k_buf, g.kv_index, dtype), _gather(v_buf, g.kv_index, dtype)
-        if g.shared is None and g.num_reqs == 1 and g.max_extend >= SDPA_MIN_EXTEND:
-            out = sdpa_attention(q4, k, v, g.mask, self.scale)
+        sdpa = g.num_reqs == 1 and g.max_extend >= SDPA_MIN_EXTEND and not self.softcap
+        if g.shared is None and sdpa:
+            out = sdpa_attention(q4, k, v, g.mask, self.scale, causal=not g.window)
         elif g.shared is None:
-            out = grouped_attention(q4, k, v, g.mask, self.scale)[0]
+            out = grouped_attention(q4, k, v, g.mask, self.scale, softcap=self.softcap)[0]
         else:
             out = self._cascade(q4, k, v, g, k_buf, v_buf)
         out = out.to(q.dtype).reshape(-1, *q.shape[1:])
@@ -156,7 +188,7 @@ class TorchAttentionBackend(AttentionBackend):
         shared part (if any) once for every query, merged."""
         own = g.own
         out, lse = cpu_ops.flash_attention(
-            q, k_buf, v_buf, own.slots, own.q_starts, own.kv_starts, True, self.scale
+            q, k_buf, v_buf, own.slots, own.q_starts, own.kv_starts, True, self.scale, g.window
         )
         if g.shared is None:
             return out
@@ -164,7 +196,8 @@ class TorchAttentionBackend(AttentionBackend):
         return merge_attention(out, lse, common, common_lse)
 
     def _cascade(self, q4, k, v, g: _Group, k_buf, v_buf) -> torch.Tensor:
-        own, own_lse = grouped_attention(q4, k, v, g.mask, self.scale, with_lse=True)
+        cap = self.softcap
+        own, own_lse = grouped_attention(q4, k, v, g.mask, self.scale, True, cap)
         flat = q4.reshape(1, -1, *q4.shape[2:])
         if g.kernel:
             common, common_lse = cpu_ops.flash_attention(
@@ -173,11 +206,11 @@ class TorchAttentionBackend(AttentionBackend):
         else:
             k_shared = _gather(k_buf, g.shared, q4.dtype)[None]
             v_shared = _gather(v_buf, g.shared, q4.dtype)[None]
-            if flat.shape[1] >= FLASH_MIN_QUERIES and flat.device.type == "cpu":
+            if flat.shape[1] >= FLASH_MIN_QUERIES and flat.device.type == "cpu" and not cap:
                 common, common_lse = flash_attention(flat, k_shared, v_shared, self.scale)
             else:
                 common, common_lse = grouped_attention(
-                    flat, k_shared, v_shared, None, self.scale, with_lse=True
+                    flat, k_shared, v_shared, None, self.scale, True, cap
                 )
         return merge_attention(own, own_lse, common.view_as(own), common_lse.view_as(own_lse))
 
@@ -198,12 +231,13 @@ def grouped_attention(
     mask: torch.Tensor | None,
     scale: float,
     with_lse: bool = False,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Attention with grouped KV heads and no KV repeat: two batched matmuls.
 
     q ``[B, E, H, D]``, k/v ``[B, L, Hkv, D]``, mask ``[B, E, L]`` (True = attend) or None ->
     (out ``[B, E, H, D]``, and with ``with_lse`` the log-sum-exp of the scores ``[B, E, H]``).
-    Softmax runs in float32.
+    Softmax runs in float32, over the scores soft-capped at ``softcap`` if given.
 
     With one query per request (decode) the matmuls read k/v as gathered, ``[L, Hkv * D]``
     per request, against block-diagonal queries (each head's query in its KV head's block,
@@ -221,6 +255,8 @@ def grouped_attention(
     else:
         scores = torch.matmul(_kv_head_rows(q, hkv), k.permute(0, 2, 3, 1))  # [B, Hkv, G*E, L]
     scores = scores.float().mul_(scale).view(b, hkv, g, e, -1)
+    if softcap:
+        scores = scores.div_(softcap).tanh_().mul_(softcap)
     if mask is not None:
         scores.masked_fill_(~mask[:, None, None], float("-inf"))
     lse = None
@@ -270,11 +306,17 @@ def _per_token(x: torch.Tensor, e: int) -> torch.Tensor:
 
 
 def sdpa_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    causal: bool = True,
 ) -> torch.Tensor:
     """One request's extend through ``F.scaled_dot_product_attention`` (shapes as
-    :func:`grouped_attention`); without a prefix the mask is plain causal and is not passed."""
-    causal = k.shape[1] == q.shape[1]
+    :func:`grouped_attention`); without a prefix or a window (``causal``) the mask is plain
+    causal and is not passed."""
+    causal = causal and k.shape[1] == q.shape[1]
     out = F.scaled_dot_product_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
         attn_mask=None if causal else mask[:, None], is_causal=causal, scale=scale,
