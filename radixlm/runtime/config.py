@@ -52,6 +52,7 @@ class ModelConfig:
     shared_expert_intermediate_size: int = 0
     norm_topk_prob: bool = True  # the top-k routing weights renormalised to sum to 1
     moe_layers: tuple[bool, ...] = ()  # which layers are MoE; () = all (when num_experts)
+    clip_qkv: float | None = None  # q, k and v clamped to +-clip (OLMoE)
 
     @property
     def window_of(self) -> list[int | None]:
@@ -126,6 +127,7 @@ class ModelConfig:
             moe_layers=tuple(
                 i not in dense_layers and (i + 1) % step == 0 for i in range(d["num_hidden_layers"])
             ) if experts else (),
+            clip_qkv=d.get("clip_qkv"),
         )
 
     def with_overrides(self, **kw: Any) -> ModelConfig:

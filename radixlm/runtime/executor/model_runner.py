@@ -20,6 +20,7 @@ from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.loader.loader import load_model, resolve_dtype
 from radixlm.runtime.mem_cache.memory_pool import KVPool, ReqToTokenPool
+from radixlm.runtime.models.layers import RotaryEmbedding
 from radixlm.runtime.models.onednn import OneDnnWeight
 from radixlm.runtime.models.quant import (
     MAX_INT4_ROWS,
@@ -79,8 +80,13 @@ class ModelRunner:
             num_heads=num_heads,
             num_kv_heads=num_kv_heads,
             head_dim=c.head_dim,
+            scale=c.attention_scale,
+            windows=c.window_of,
+            softcap=c.attn_softcap,
         )
-        self.model.rotary.build(self.context_len + 1, self.dtype, self.device)
+        for module in self.model.modules():
+            if isinstance(module, RotaryEmbedding):
+                module.build(self.context_len + 1, self.dtype, self.device)
         self.graph_runner = self._capture_graphs(args)
         if self.graph_runner is not None:
             self._phase("cuda_graphs")
@@ -198,6 +204,10 @@ class ModelRunner:
         if args.disable_cpu_compile or self.device.type != "cpu" or self.tp is not None:
             return None
         if self.attention_backend_name != "torch" or not aot_graphs.available():
+            return None
+        if not getattr(self.model, "aot_ready", False):
+            logger.info("%s runs its CPU steps eagerly (the compiled steps know the plain "
+                        "Llama/Qwen decoder only)", self.config.architecture)  # fmt: skip
             return None
         # NOTE: the compile loads what this process loaded, with the same rotary table
         args = args.replace(model_path=self.model_path)

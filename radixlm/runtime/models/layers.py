@@ -200,7 +200,8 @@ class Attention(nn.Module):
     """Fused QKV projection, optional q/k RMSNorm, rotary, attention over the KV pool.
 
     ``qk_norm``: "head" normalises each head's q and k (Qwen3, Gemma 3), "full" the whole
-    projected q and k (OLMo 2, OLMoE); ``rope=False`` skips rotary (SmolLM3's NoPE layers).
+    projected q and k (OLMo 2, OLMoE). ``rope``: which of the model's rotary tables the layer
+    applies ("global", "local" for a Gemma 3 sliding layer, None for SmolLM3's NoPE layers).
     The backend knows the layer's window, scale and soft cap by ``layer_id``."""
 
     def __init__(
@@ -208,7 +209,6 @@ class Attention(nn.Module):
         config: ModelConfig,
         layer_id: int,
         qk_norm: str | None = None,
-        rope: bool = True,
         unit_offset: bool = False,
     ) -> None:
         super().__init__()
@@ -222,49 +222,73 @@ class Attention(nn.Module):
         )
         self.o_proj = nn.Linear(q_size, config.hidden_size, bias=False)
         qk_norm = qk_norm or ("head" if config.qk_norm else None)
-        self.qk_norm, self.rope = qk_norm, rope
+        self.qk_norm = qk_norm
         q_dim, k_dim = (self.head_dim, self.head_dim) if qk_norm == "head" else (q_size, kv_size)
         eps = config.rms_norm_eps
         self.q_norm = RMSNorm(q_dim, eps, unit_offset) if qk_norm else None
         self.k_norm = RMSNorm(k_dim, eps, unit_offset) if qk_norm else None
+        self.clip_qkv = config.clip_qkv
+        local = config.rope_local_theta and config.window_of[layer_id]
+        uses_rope = not config.rope_layers or config.rope_layers[layer_id]
+        self.rope = None if not uses_rope else "local" if local else "global"
 
     def forward(
-        self, x: torch.Tensor, cos_sin: tuple, batch: ForwardBatch, backend
+        self, x: torch.Tensor, cos_sin: tuple | None, batch: ForwardBatch, backend
     ) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
         if self.qk_norm == "full":
             q, k = self.q_norm(q), self.k_norm(k)
+        if self.clip_qkv:  # NOTE: OLMoE
+            c = self.clip_qkv
+            q, k, v = q.clamp(-c, c), k.clamp(-c, c), v.clamp(-c, c)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.qk_norm == "head":
             q, k = self.q_norm(q), self.k_norm(k)
-        if self.rope:
+        if cos_sin is not None:
             q, k = apply_rotary(q, *cos_sin), apply_rotary(k, *cos_sin)
         out = backend.forward(q, k, v, self.layer_id, batch)
         return self.o_proj(out.reshape(-1, self.num_heads * self.head_dim))
 
 
+# NOTE: where a block's norms sit, by their checkpoint names: (before attention, after it,
+# before the MLP, after it); None = no norm there
+NORM_LAYOUTS = {
+    "pre": ("input_layernorm", None, "post_attention_layernorm", None),  # Llama and most
+    "sandwich": ("input_layernorm", "post_attention_layernorm",  # Gemma 2 and 3
+                 "pre_feedforward_layernorm", "post_feedforward_layernorm"),
+    "post": (None, "post_attention_layernorm", None, "post_feedforward_layernorm"),  # OLMo 2
+}  # fmt: skip
+
+
 class DecoderLayer(nn.Module):
-    """Pre-norm block: ``x + m * attn(norm(x))``, then ``x + m * mlp(norm(x))`` (``m`` the
-    residual multiplier, 1 but for Granite); ``mlp`` defaults to the dense gated MLP."""
+    """``x + m * attn(norm(x))``, then ``x + m * mlp(norm(x))`` (``m`` the residual multiplier,
+    1 but for Granite), with the norms where ``norms`` (a NORM_LAYOUTS key) puts them; ``mlp``
+    defaults to the dense gated MLP."""
 
     def __init__(
         self, config: ModelConfig, layer_id: int, attn: nn.Module | None = None,
-        mlp: nn.Module | None = None,
+        mlp: nn.Module | None = None, norms: str = "pre", unit_offset: bool = False,
     ) -> None:  # fmt: skip
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm_names = NORM_LAYOUTS[norms]
+        for name in self.norm_names:
+            if name is not None:
+                setattr(self, name, RMSNorm(config.hidden_size, config.rms_norm_eps, unit_offset))
         self.self_attn = attn or Attention(config, layer_id)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = mlp or GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act)
         self.residual_multiplier = config.residual_multiplier
 
+    def _norm(self, which: int, x: torch.Tensor) -> torch.Tensor:
+        name = self.norm_names[which]
+        return x if name is None else getattr(self, name)(x)
+
     def forward(
-        self, x: torch.Tensor, cos_sin: tuple, batch: ForwardBatch, backend
+        self, x: torch.Tensor, cos_sin: tuple | None, batch: ForwardBatch, backend
     ) -> torch.Tensor:
         m = self.residual_multiplier
-        attn = self.self_attn(self.input_layernorm(x), cos_sin, batch, backend)
+        attn = self._norm(1, self.self_attn(self._norm(0, x), cos_sin, batch, backend))
         x = x + (attn if m == 1.0 else attn * m)
-        mlp = self.mlp(self.post_attention_layernorm(x))
+        mlp = self._norm(3, self.mlp(self._norm(2, x)))
         return x + (mlp if m == 1.0 else mlp * m)

@@ -16,8 +16,15 @@ def register_model(*names: str) -> Callable[[type], type]:
     return wrap
 
 
+def supported_architectures() -> list[str]:
+    get_model_class("LlamaForCausalLM")
+    return sorted(MODELS)
+
+
 def get_model_class(architecture: str) -> type:
-    from radixlm.runtime.models import llama, qwen2  # noqa: F401  (registers)
+    from radixlm.runtime.models import (  # noqa: F401  (importing a family registers it)
+        gemma, granite, llama, mixtral, olmo, phi3, qwen2, qwen_moe, smollm3,
+    )
 
     if architecture not in MODELS:
         raise ValueError(f"unsupported architecture {architecture!r}; supported: {sorted(MODELS)}")

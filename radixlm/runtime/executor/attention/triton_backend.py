@@ -38,8 +38,14 @@ class TritonAttentionBackend(AttentionBackend):
 
     supports_cuda_graph = True
 
-    def __init__(self, kv_pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
-        super().__init__(kv_pool, num_heads, num_kv_heads, head_dim)
+    def __init__(self, kv_pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int,
+                 **kw) -> None:  # fmt: skip
+        super().__init__(kv_pool, num_heads, num_kv_heads, head_dim, **kw)
+        if any(self.windows) or self.softcap:
+            raise ValueError(
+                "attention_backend='triton' has no sliding-window or soft-capped attention "
+                "yet; this model needs them: use attention_backend='torch'"
+            )
         if num_heads % num_kv_heads != 0:
             raise ValueError(
                 f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
