@@ -22,11 +22,45 @@ def pytest_configure(config) -> None:
     os.environ["RADIXLM_DISABLE_CPU_COMPILE"] = "1"
 
 
+# NOTE: beside the shared shape (conftest.build_tiny_model: 2 layers, hidden 64, 4 heads, 2 KV
+# heads): what each family needs to show what it does on a short prompt (windows of 8 tokens,
+# caps, multipliers, 4 experts top 2), and ids inside our vocabulary (pad tokens)
 TINY_SHAPES = {
     "LlamaForCausalLM": dict(model_type="llama"),
     "Qwen2ForCausalLM": dict(model_type="qwen2"),
     "Qwen3ForCausalLM": dict(model_type="qwen3", head_dim=32),
-}
+    "MistralForCausalLM": dict(model_type="mistral", sliding_window=8),
+    "GemmaForCausalLM": dict(model_type="gemma", head_dim=16),
+    "Gemma2ForCausalLM": dict(
+        model_type="gemma2", head_dim=16, sliding_window=8, query_pre_attn_scalar=16,
+        attn_logit_softcapping=5.0, final_logit_softcapping=3.0,
+    ),
+    "Gemma3ForCausalLM": dict(
+        model_type="gemma3_text", head_dim=16, sliding_window=8, query_pre_attn_scalar=16,
+        layer_types=["sliding_attention", "full_attention"], rope_local_base_freq=1000.0,
+    ),
+    "Phi3ForCausalLM": dict(model_type="phi3", sliding_window=8, pad_token_id=0),
+    "GraniteForCausalLM": dict(
+        model_type="granite", embedding_multiplier=3.0, residual_multiplier=0.5,
+        attention_multiplier=0.3, logits_scaling=2.0,
+    ),
+    "Olmo2ForCausalLM": dict(model_type="olmo2", pad_token_id=0),
+    "SmolLM3ForCausalLM": dict(model_type="smollm3", no_rope_layers=[1, 0], pad_token_id=0),
+    "MixtralForCausalLM": dict(
+        model_type="mixtral", num_local_experts=4, num_experts_per_tok=2, sliding_window=8
+    ),
+    "Qwen2MoeForCausalLM": dict(
+        model_type="qwen2_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=48,
+    ),
+    "Qwen3MoeForCausalLM": dict(
+        model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        head_dim=16, norm_topk_prob=True,
+    ),
+    "OlmoeForCausalLM": dict(
+        model_type="olmoe", num_experts=4, num_experts_per_tok=2, clip_qkv=0.5, pad_token_id=0
+    ),
+}  # fmt: skip
 
 
 @pytest.fixture(scope="session")

@@ -24,6 +24,7 @@ from radixlm.runtime.config import (
     ServerArgs,
 )
 from radixlm.runtime.function_call import TOOL_PARSERS
+from radixlm.runtime.models.architectures import ARCHITECTURES
 from radixlm.runtime.launcher import launch
 from radixlm.runtime.reasoning import REASONING_PARSERS
 from radixlm.server.app import abort_in_flight, api_keys, create_app
@@ -81,7 +82,11 @@ CHOICES = {"dtype": DTYPES, "load_format": LOAD_FORMATS, "schedule_policy": SCHE
 
 def build_parser(prog: str = "radixlm serve") -> argparse.ArgumentParser:
     """One ``--flag`` per ``ServerArgs`` field, plus ``--api-key-file``."""
-    parser = argparse.ArgumentParser(prog=prog, description="Serve a model over HTTP.")
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Serve a model over HTTP.",
+        epilog="architectures (config.json 'architectures', or a GGUF of them): "
+        + ", ".join(ARCHITECTURES),
+    )  # fmt: skip
     parser.add_argument("--api-key-file", help="a file whose first line is the API key")
     defaults = ServerArgs()
     for f in dataclasses.fields(ServerArgs):

@@ -9,6 +9,11 @@ from dataclasses import asdict, dataclass
 from radixlm.runtime.config import ModelConfig
 
 
+# NOTE: models whose q/k norm spans every head (models/olmo.py), which heads split across ranks
+# would change
+WHOLE_QK_NORM = ("Olmo2ForCausalLM", "OlmoeForCausalLM")
+
+
 @dataclass(frozen=True)
 class RankInfo:
     """One scheduler process's place: tensor-parallel rank and size, and the GPU it uses."""
@@ -36,6 +41,15 @@ def check_tp_size(config: ModelConfig, tp_size: int) -> None:
         )
     if config.intermediate_size % tp_size:
         raise ValueError(f"tp_size={tp_size} must divide the MLP size ({config.intermediate_size})")
+    for name in ("moe_intermediate_size", "shared_expert_intermediate_size"):
+        size = getattr(config, name)
+        if config.num_experts and size % tp_size:
+            raise ValueError(f"tp_size={tp_size} must divide the experts' {name} ({size})")
+    if config.architecture in WHOLE_QK_NORM:
+        raise ValueError(
+            f"{config.architecture} normalises the whole projected q and k across all heads: "
+            f"it runs with tp_size=1 (got tp_size={tp_size})"
+        )
 
 
 def check_gpu_count(device: str, tp_size: int) -> None:

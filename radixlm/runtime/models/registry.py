@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from radixlm.runtime.models.architectures import check_architecture
+
 MODELS: dict[str, type] = {}
 
 
@@ -16,16 +18,10 @@ def register_model(*names: str) -> Callable[[type], type]:
     return wrap
 
 
-def supported_architectures() -> list[str]:
-    get_model_class("LlamaForCausalLM")
-    return sorted(MODELS)
-
-
 def get_model_class(architecture: str) -> type:
     from radixlm.runtime.models import (  # noqa: F401  (importing a family registers it)
         gemma, granite, llama, mixtral, olmo, phi3, qwen2, qwen_moe, smollm3,
     )
 
-    if architecture not in MODELS:
-        raise ValueError(f"unsupported architecture {architecture!r}; supported: {sorted(MODELS)}")
+    check_architecture(architecture)
     return MODELS[architecture]

@@ -40,12 +40,25 @@ def test_unsupported_architecture_is_named(tiny_llama, tmp_path):
     config = json.loads((tmp_path / "config.json").read_text())
     config["architectures"] = ["GPT2LMHeadModel"]
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="GPT2LMHeadModel"):
+    with pytest.raises(ValueError, match="GPT2LMHeadModel.*runs: .*Gemma2ForCausalLM"):
         load_model(
             ServerArgs(model_path=str(tmp_path), tokenizer_path=tiny_llama),
             torch.device("cpu"),
             torch.float32,
         )
+    from radixlm import Engine
+
+    # NOTE: refused in the caller's process, before any process starts
+    with pytest.raises(ValueError, match="unsupported architecture 'GPT2LMHeadModel'"):
+        Engine(str(tmp_path), tokenizer_path=tiny_llama)
+
+
+def test_every_listed_architecture_has_a_model_class():
+    from radixlm.runtime.models.architectures import ARCHITECTURES
+    from radixlm.runtime.models.registry import MODELS, get_model_class
+
+    get_model_class("LlamaForCausalLM")  # NOTE: imports every family
+    assert sorted(MODELS) == list(ARCHITECTURES)
 
 
 def test_default_model_config_is_smollm2():
