@@ -92,23 +92,23 @@ def build_tiny_model(path: str, architecture: str, tokenizer, seed: int = 0, **o
 
     shape = dict(TINY_SHAPES[architecture])
     model_type = shape.pop("model_type")
-    config = AutoConfig.for_model(
-        model_type,
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        rms_norm_eps=1e-6,
-        rope_theta=10000.0,
-        tie_word_embeddings=False,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        architectures=[architecture],
-        **{**shape, **overrides},
-    )
+    config = AutoConfig.for_model(model_type, **{
+        "vocab_size": len(tokenizer),
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "architectures": [architecture],
+        **shape,
+        **overrides,
+    })  # fmt: skip
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():

@@ -59,6 +59,7 @@ class GGUFFile:
     """``fields`` (key -> Field) and ``tensors`` (in file order) of one GGUF file."""
 
     def __init__(self, path: str) -> None:
+        self.path = path
         with open(path, "rb") as f:
             self._buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         if self._buf[:4] != _MAGIC:

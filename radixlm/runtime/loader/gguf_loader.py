@@ -17,7 +17,19 @@ from radixlm.runtime.loader.text_tokenizer import cache_root
 if TYPE_CHECKING:
     import torch
 
-_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+# GGUF ``general.architecture`` (llama.cpp's names) -> ours. NOTE: llama.cpp writes Mistral and
+# Mixtral as "llama" (a Mixtral's experts say which it is)
+_ARCHS = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "gemma": "GemmaForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "qwen2moe": "Qwen2MoeForCausalLM",
+    "qwen3moe": "Qwen3MoeForCausalLM",
+}
 
 # GGUF tensor name fragment -> Hugging Face name fragment
 _NAMES = {
@@ -26,16 +38,38 @@ _NAMES = {
     "output": "lm_head",
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
+    "attn_qkv": "self_attn.qkv_proj",
     "attn_output": "self_attn.o_proj",
     "attn_q_norm": "self_attn.q_norm",
     "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
+# NOTE: where a family's GGUF names mean something else than Llama's
+_ARCH_NAMES = {
+    "gemma2": {"ffn_norm": "pre_feedforward_layernorm"},
+    "gemma3": {"ffn_norm": "pre_feedforward_layernorm"},
+    "phi3": {"ffn_up": "mlp.gate_up_proj"},  # NOTE: gate and up fused, gate first
+}
+# NOTE: llama.cpp's Gemma converter stores every norm weight as 1 + w (its RMSNorm has no offset)
+_UNIT_OFFSET = ("gemma", "gemma2", "gemma3")
+# NOTE: Gemma's query scale is 1/sqrt(query_pre_attn_scalar), which GGUF does not carry:
+# llama.cpp takes 1/sqrt(head_dim), but hidden/heads for the 27B models (layer counts below)
+_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 
 
 # NOTE: the formats whose codes models/quant.py recovers exactly (one scale [+ min] per 32).
@@ -84,11 +118,16 @@ def gguf_config(reader) -> ModelConfig:
     vocab = _field(reader, p + "vocab_size") or reader.fields["tokenizer.ggml.tokens"].count
     names = {t.name for t in reader.tensors}
     head_dim = _field(reader, p + "attention.key_length") or hidden // heads
+    layers = _field(reader, p + "block_count")
+    if "rope_factors_long.weight" in names:
+        raise ValueError(f"{path_of(reader)}: LongRoPE GGUFs (rope_factors_* tensors) are not "
+                         "supported; load the Hugging Face directory instead")  # fmt: skip
+    fields = _family_fields(reader, arch, layers, hidden, heads, head_dim)
     return ModelConfig(
-        architecture=_ARCHS[arch],
+        architecture=fields.pop("architecture", _ARCHS[arch]),
         hidden_size=hidden,
         intermediate_size=_field(reader, p + "feed_forward_length"),
-        num_layers=_field(reader, p + "block_count"),
+        num_layers=layers,
         num_heads=heads,
         num_kv_heads=_field(reader, p + "attention.head_count_kv") or heads,
         head_dim=head_dim,
@@ -97,17 +136,65 @@ def gguf_config(reader) -> ModelConfig:
         rope_theta=float(_field(reader, p + "rope.freq_base", 10000.0)),
         context_length=_field(reader, p + "context_length", 2048),
         tie_word_embeddings="output.weight" not in names,
-        attention_bias=arch == "qwen2",
-        qk_norm=arch == "qwen3",
+        qk_norm=arch in ("qwen3", "qwen3moe"),
         eos_token_ids=(_field(reader, "tokenizer.ggml.eos_token_id"),),
         bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
+        **fields,
     )
+
+
+def _family_fields(reader, arch: str, layers: int, hidden: int, heads: int, head_dim: int) -> dict:
+    """The ModelConfig fields beyond Llama's, from the family's GGUF keys (llama.cpp's)."""
+    p = arch + "."
+    out: dict[str, Any] = {"attention_bias": arch in ("qwen2", "qwen2moe")}
+    window = _field(reader, p + "attention.sliding_window")
+    if arch.startswith("gemma"):
+        out["hidden_act"] = "gelu_pytorch_tanh"
+        scalar = hidden // heads if layers == _GEMMA_27B_LAYERS.get(arch) else head_dim
+        out["attention_scale"] = scalar**-0.5 if arch != "gemma" else None
+    if arch == "gemma2":
+        out["attn_softcap"] = _field(reader, p + "attn_logit_softcapping")
+        out["final_softcap"] = _field(reader, p + "final_logit_softcapping")
+        out["layer_windows"] = tuple(window if i % 2 == 0 else None for i in range(layers))
+    elif arch == "gemma3":
+        out["layer_windows"] = tuple(window if (i + 1) % 6 else None for i in range(layers))
+        out["rope_local_theta"] = 10000.0
+        if _field(reader, p + "rope.scaling.type") == "linear":
+            factor = float(_field(reader, p + "rope.scaling.factor"))
+            out["rope_scaling"] = (("factor", factor), ("rope_type", "linear"))
+    elif window:
+        out["layer_windows"] = (window,) * layers
+    rotary = _field(reader, p + "rope.dimension_count")
+    if rotary and rotary != head_dim:
+        out["rotary_dim"] = rotary
+    experts = _field(reader, p + "expert_count") or 0
+    if experts:
+        out.update(
+            num_experts=experts,
+            experts_per_tok=_field(reader, p + "expert_used_count"),
+            moe_intermediate_size=_field(reader, p + "expert_feed_forward_length")
+            or _field(reader, p + "feed_forward_length"),
+            shared_expert_intermediate_size=_field(
+                reader, p + "expert_shared_feed_forward_length", 0
+            ),
+            # NOTE: as llama.cpp routes them: Qwen2-MoE's top-k weights as they are
+            norm_topk_prob=arch != "qwen2moe",
+        )
+        if arch == "llama":
+            out["architecture"] = "MixtralForCausalLM"
+    return out
+
+
+def path_of(reader) -> str:
+    return getattr(reader, "path", "GGUF file")
 
 
 def gguf_weights(reader, config: ModelConfig, dtype=None) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (Hugging Face name, tensor in ``dtype``, default float32), undoing llama.cpp's Q/K
     row permutation. Each tensor's pages of the file leave this process once it is read."""
-    permute = config.architecture == "LlamaForCausalLM"
+    arch = _field(reader, "general.architecture")
+    permute = arch == "llama"
+    names = {**_NAMES, **_ARCH_NAMES.get(arch, {})}
     read = 0
     for t in reader.tensors:
         tensor = _dequantize(t, dtype).reshape([int(d) for d in reversed(t.shape)])
@@ -118,11 +205,20 @@ def gguf_weights(reader, config: ModelConfig, dtype=None) -> Iterator[tuple[str,
             # to the OS as the load goes (each call walks the heaps: ~15 ms here)
             trim_heap()
             read = 0
-        name = _hf_name(t.name)
+        name = _hf_name(t.name, names)
         if permute and name.endswith("q_proj.weight"):
             tensor = _unpermute(tensor, config.num_heads)
         elif permute and name.endswith("k_proj.weight"):
             tensor = _unpermute(tensor, config.num_kv_heads)
+        if arch in _UNIT_OFFSET and name.endswith("norm.weight"):
+            tensor = tensor - 1
+        if name.endswith("shared_expert_gate.weight") and tensor.dim() == 1:
+            tensor = tensor[None]
+        if ".experts." in name:  # NOTE: [E, out, in] stacked: one HF tensor per expert
+            prefix, proj = name.rsplit(".", 2)[0], name.rsplit(".", 2)[1]
+            for e in range(tensor.shape[0]):
+                yield f"{prefix}.{e}.{proj}.weight", tensor[e]
+            continue
         yield name, tensor
 
 
@@ -166,12 +262,12 @@ def _dequantize_blocks(blocks: torch.Tensor, kind: str) -> torch.Tensor:
     return d * codes.float() + m
 
 
-def _hf_name(name: str) -> str:
+def _hf_name(name: str, names: dict[str, str] = _NAMES) -> str:
     parts = name.split(".")
     suffix = parts[-1]
     if parts[0] == "blk":
-        return f"model.layers.{parts[1]}.{_NAMES[parts[2]]}.{suffix}"
-    return f"{_NAMES[parts[0]]}.{suffix}"
+        return f"model.layers.{parts[1]}.{names[parts[2]]}.{suffix}"
+    return f"{names[parts[0]]}.{suffix}"
 
 
 def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
