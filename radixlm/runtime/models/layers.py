@@ -3,6 +3,7 @@ pre-norm decoder layer; each family (llama.py, gemma.py, ...) composes them as i
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
@@ -12,6 +13,8 @@ from torch import nn
 from radixlm.kernels import cpu_ops
 from radixlm.runtime.config import ModelConfig
 from radixlm.runtime.executor.forward_batch import ForwardBatch
+
+logger = logging.getLogger(__name__)
 
 
 class RMSNorm(nn.Module):
@@ -37,7 +40,7 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, x.shape[-1:], weight, self.eps)
 
 
-ROPE_TYPES = ("linear", "llama3", "yarn", "longrope")
+ROPE_TYPES = ("linear", "dynamic", "llama3", "yarn", "longrope")
 
 
 def rope_inv_freq(
@@ -58,6 +61,12 @@ def rope_inv_freq(
         return _llama3_scale(inv_freq, scaling).float(), 1.0
     if kind == "linear":
         return (inv_freq / scaling["factor"]).float(), 1.0
+    if kind == "dynamic":
+        # NOTE: dynamic NTK changes the base only for sequences past the original context (HF:
+        # for the whole batch once its longest is); within it, the plain frequencies are exact
+        logger.warning("rope_scaling 'dynamic': positions past the original context use the "
+                       "unscaled frequencies (Hugging Face rescales the base there)")  # fmt: skip
+        return inv_freq.float(), 1.0
     if kind == "yarn":
         return _yarn(inv_freq, scaling, dim, base, config.context_length)
     if kind == "longrope":
