@@ -15,7 +15,7 @@ def onednn_weight(weight: torch.Tensor) -> torch.Tensor | None:
     """``weight`` (bf16 ``[N, K]``) reordered once into oneDNN's blocked layout for
     ``mkldnn._linear_pointwise`` (what inductor's CPU freezing uses; any row count; in
     inference mode bitwise ``F.linear``'s result); None where this torch has no oneDNN."""
-    if not torch.backends.mkldnn.is_available():
+    if not onednn_bf16():
         return None
     try:
         packed = torch.ops.mkldnn._reorder_linear_weight(weight, 32)
@@ -25,6 +25,12 @@ def onednn_weight(weight: torch.Tensor) -> torch.Tensor | None:
     except (RuntimeError, AttributeError):  # NOTE: an op this build lacks
         return None
     return packed
+
+
+def onednn_bf16() -> bool:
+    """Whether oneDNN's bf16 matmuls run on this CPU (AVX-512 BW/VL/DQ or AVX-NE-CONVERT; an
+    AVX2-only CPU has oneDNN but not its bf16 reorder)."""
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):

@@ -10,6 +10,7 @@ from torch import nn
 
 from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.models import quant_head
+from radixlm.runtime.models.onednn import onednn_bf16
 from radixlm.runtime.models.quant_head import (
     MAX_INT8_HEAD_ROWS,
     Int8DecodeHead,
@@ -89,7 +90,7 @@ def test_larger_steps_use_the_bf16_weight(rows):
     where the runner runs), held once."""
     linear = nn.Linear(64, 256, dtype=torch.bfloat16)
     head = Int8DecodeHead(linear)
-    assert (head.dense is not None) == torch.backends.mkldnn.is_available()
+    assert (head.dense is not None) == onednn_bf16()
     assert head.weight is None or head.dense is None
     with torch.inference_mode():
         x = torch.randn(rows, 64).bfloat16()
@@ -139,8 +140,9 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, i
 def test_smollm_head_is_within_tolerance_on_real_states(smol_scheduler):
     head = smol_scheduler.runner.model.lm_head
     assert type(head) is Int8DecodeHead
-    # NOTE: the bf16 head in oneDNN's layout for big steps; the plain weight is the embedding's
-    assert head.weight is None and head.dense is not None
+    # NOTE: the bf16 head in oneDNN's layout for big steps where this CPU runs oneDNN's bf16
+    # (the plain weight is the embedding's), else the plain weight
+    assert (head.weight is None) == (head.dense is not None) == onednn_bf16()
     states: list[torch.Tensor] = []
     hook = head.register_forward_hook(lambda m, args, out: states.append(args[0].clone()))
     try:  # NOTE: 8 requests at once: every step has 8 rows, so the bf16 head makes the text.
