@@ -166,7 +166,7 @@ SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs", "lof", "random")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 LOAD_BALANCE_METHODS = ("cache_aware", "round_robin", "least_load")
-QUANTIZATIONS = ("auto", "none", "int4")
+QUANTIZATIONS = ("auto", "none", "int4", "gguf")
 # NOTE: the registries (constrained/base.py, executor/attention/base.py) hold the same names;
 # they are repeated here so that a bad flag is refused before any model or backend loads.
 # xgrammar is optional (the grammars extra); choosing it without the package fails here.
@@ -185,7 +185,9 @@ class ServerArgs:
     load_format: str = "auto"
     # NOTE: int4 = an int4 copy of the layer weights for CPU steps of <= 8 tokens (bf16 for the
     # rest) and an int8 copy of the LM head for steps of <= 8 logit rows (models/quant_head.py);
-    # auto = int4 when a GGUF checkpoint is itself Q4_0/Q4_1 and the engine runs bf16 on CPU.
+    # gguf = a GGUF file's quantized tensors kept in their blocks on CPU, computed by the GGUF
+    # kernels (models/gguf_quant.py); auto = int4 when a GGUF checkpoint is itself Q4_0/Q4_1
+    # and the engine runs bf16 on CPU, gguf for the other quantized GGUF files on CPU.
     quantization: str = "auto"
     # NOTE: CPU, bf16: each weight held once, as the int4 copy of the layers and the int8 copy
     # of the head and tied embedding, used for every step (prefill included, ~2.5x slower

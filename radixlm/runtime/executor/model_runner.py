@@ -20,6 +20,7 @@ from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.loader.loader import load_model, resolve_dtype
 from radixlm.runtime.mem_cache.memory_pool import KVPool, ReqToTokenPool
+from radixlm.runtime.models.gguf_quant import Segment
 from radixlm.runtime.models.layers import RotaryEmbedding
 from radixlm.runtime.models.onednn import OneDnnWeight
 from radixlm.runtime.models.quant import (
@@ -99,8 +100,8 @@ class ModelRunner:
         self._phase_start = now
 
     def memory_bytes(self) -> dict[str, int]:
-        """Bytes per part: weights, their quantized decode copies, the KV pool, the request
-        table, and other buffers (rotary tables)."""
+        """Bytes per part: weights (GGUF blocks included), their quantized decode copies, the
+        KV pool, the request table, and other buffers (rotary tables)."""
         seen: set[int] = set()
 
         def size(tensors) -> int:
@@ -116,8 +117,9 @@ class ModelRunner:
                  for b in m.buffers(recurse=False)]  # fmt: skip
         # NOTE: the bf16 weights in oneDNN's layout (projections, head) are not parameters
         dense = sum(m.dense_bytes for m in self.model.modules() if isinstance(m, OneDnnWeight))
+        blocks = [m.data for m in self.model.modules() if isinstance(m, Segment)]
         return {
-            "weights": size(self.model.parameters()) + dense,
+            "weights": size(self.model.parameters()) + size(blocks) + dense,
             "quantized_copies": size(quant),
             "kv_pool": size(self.kv_pool.k + self.kv_pool.v),
             "request_table": size([self.req_pool.table]),
@@ -207,7 +209,8 @@ class ModelRunner:
             return None
         if not getattr(self.model, "aot_ready", False):
             logger.info("%s runs its CPU steps eagerly (the compiled steps know the plain "
-                        "Llama/Qwen decoder only)", self.config.architecture)  # fmt: skip
+                        "Llama/Qwen decoder with float weights only)",
+                        self.config.architecture)  # fmt: skip
             return None
         # NOTE: the compile loads what this process loaded, with the same rotary table
         args = args.replace(model_path=self.model_path)

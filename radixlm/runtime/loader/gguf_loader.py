@@ -189,15 +189,30 @@ def path_of(reader) -> str:
     return getattr(reader, "path", "GGUF file")
 
 
-def gguf_weights(reader, config: ModelConfig, dtype=None) -> Iterator[tuple[str, torch.Tensor]]:
+def arch_of(reader) -> str:
+    return _field(reader, "general.architecture")
+
+
+def hf_name(reader, name: str) -> str:
+    """The Hugging Face name of GGUF tensor ``name`` in this file's family."""
+    arch = arch_of(reader)
+    return _hf_name(name, {**_NAMES, **_ARCH_NAMES.get(arch, {})})
+
+
+def gguf_weights(
+    reader, config: ModelConfig, dtype=None, skip: frozenset[str] = frozenset()
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (Hugging Face name, tensor in ``dtype``, default float32), undoing llama.cpp's Q/K
-    row permutation. Each tensor's pages of the file leave this process once it is read."""
-    arch = _field(reader, "general.architecture")
+    row permutation; GGUF tensors named in ``skip`` (kept in blocks: models/gguf_quant.py)
+    are left out. Each tensor's pages of the file leave this process once it is read."""
+    arch = arch_of(reader)
     permute = arch == "llama"
     names = {**_NAMES, **_ARCH_NAMES.get(arch, {})}
     read = 0
     for t in reader.tensors:
-        tensor = _dequantize(t, dtype).reshape([int(d) for d in reversed(t.shape)])
+        if t.name in skip:
+            continue
+        tensor = dequantize(t, dtype).reshape([int(d) for d in reversed(t.shape)])
         reader.release(t)
         read += t.data.nbytes
         if read >= TRIM_BYTES:
@@ -207,9 +222,9 @@ def gguf_weights(reader, config: ModelConfig, dtype=None) -> Iterator[tuple[str,
             read = 0
         name = _hf_name(t.name, names)
         if permute and name.endswith("q_proj.weight"):
-            tensor = _unpermute(tensor, config.num_heads)
+            tensor = unpermute(tensor, config.num_heads)
         elif permute and name.endswith("k_proj.weight"):
-            tensor = _unpermute(tensor, config.num_kv_heads)
+            tensor = unpermute(tensor, config.num_kv_heads)
         if arch in _UNIT_OFFSET and name.endswith("norm.weight"):
             tensor = tensor - 1
         if name.endswith("shared_expert_gate.weight") and tensor.dim() == 1:
@@ -222,7 +237,7 @@ def gguf_weights(reader, config: ModelConfig, dtype=None) -> Iterator[tuple[str,
         yield name, tensor
 
 
-def _dequantize(t, dtype=None) -> torch.Tensor:
+def dequantize(t, dtype=None) -> torch.Tensor:
     """One tensor in ``dtype`` (default float32), to be reshaped by the caller: the 32-weight
     block formats in torch (SmolLM2: 0.74 s against 1.77 s for ``gguf.quants``' numpy, with the
     same float32 arithmetic, so the same values), the others with ``gguf.quants``. Block
@@ -233,9 +248,13 @@ def _dequantize(t, dtype=None) -> torch.Tensor:
 
     kind = t.tensor_type.name
     if kind not in _BLOCK_BYTES:
-        from gguf.quants import dequantize
+        from gguf import quants
 
-        array = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
+        try:
+            array = quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
+        except NotImplementedError as e:
+            raise ValueError(f"GGUF tensor {t.name!r} has type {kind}, which cannot be "
+                             f"loaded ({e})") from None  # fmt: skip
         return torch.from_numpy(np.array(array, copy=True)).to(dtype or torch.float32)
     raw = t.data.reshape(-1, _BLOCK_BYTES[kind])
     out = torch.empty(raw.shape[0], 32, dtype=dtype or torch.float32)
@@ -270,8 +289,9 @@ def _hf_name(name: str, names: dict[str, str] = _NAMES) -> str:
     return f"{names[parts[0]]}.{suffix}"
 
 
-def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
-    """Inverse of llama.cpp's ``permute``: interleaved rotary pairs back to rotate-halves order."""
+def unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Inverse of llama.cpp's ``permute``: interleaved rotary pairs back to rotate-halves order
+    (of rows: float rows or a row's quantized blocks alike)."""
     rows = w.shape[0]
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 

@@ -13,9 +13,11 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from radixlm.kernels import cpu_ops
 from radixlm.runtime.config import ModelConfig, ServerArgs
 from radixlm.runtime.loader import gguf_loader, safetensors_loader
 from radixlm.runtime.loader.model_files import load_config, load_tokenizer
+from radixlm.runtime.models import gguf_quant
 from radixlm.runtime.models.registry import get_model_class
 
 logger = logging.getLogger(__name__)
@@ -28,6 +30,7 @@ class LoadedModel:
     tokenizer: Any
     model_path: str
     four_bit_checkpoint: bool = False
+    gguf_blocks: bool = False  # weights kept in their GGUF blocks (models/gguf_quant.py)
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -70,16 +73,40 @@ def load_model(
         with torch.device("meta"), _default_dtype(dtype):
             model = model_cls(config)
         model.to_empty(device=device).tie_weights()
+        blocks = _keep_gguf_blocks(model, args, device, path, fmt, dtype)
         if args.load_format == "dummy":
             _init_dummy(model)
         else:
-            model.load_weights(_progress(_weights(path, fmt, config, dtype), path, fmt), on_loaded)
+            weights = _weights(path, fmt, config, dtype, blocks)
+            model.load_weights(_progress(weights, path, fmt, len(blocks)), on_loaded)
         tokenizer = pending.result()
     eos = set(config.eos_token_ids) | ({getattr(tokenizer, "eos_token_id", None)} - {None})
     config = config.with_overrides(eos_token_ids=tuple(sorted(eos)))
-    four_bit = (fmt == "gguf" and args.quantization == "auto" and device.type == "cpu"
-                and gguf_loader.is_four_bit(gguf_loader.open_gguf(path)))  # fmt: skip
-    return LoadedModel(model.eval(), config, tokenizer, path, four_bit)
+    four_bit = (fmt == "gguf" and args.quantization == "auto" and device.type == "cpu" and not
+                blocks and gguf_loader.is_four_bit(gguf_loader.open_gguf(path)))  # fmt: skip
+    return LoadedModel(model.eval(), config, tokenizer, path, four_bit, bool(blocks))
+
+
+def _keep_gguf_blocks(model, args: ServerArgs, device, path: str, fmt: str, dtype) -> set[str]:
+    """With ``quantization='gguf'`` (or 'auto' and a file :func:`gguf_quant.worth_it` picks),
+    put the GGUF file's blocks in the model (models/gguf_quant.py); the tensor names taken."""
+    if fmt != "gguf" or args.quantization not in ("auto", "gguf") or args.load_format == "dummy":
+        return set()
+    reader = gguf_loader.open_gguf(path)
+    if args.quantization == "auto":
+        if device.type != "cpu" or args.tp_size > 1 or not gguf_quant.worth_it(reader):
+            return set()
+        if not cpu_ops.load():
+            logger.warning("GGUF kernels unavailable: %s is dequantised at load", path)
+            return set()
+    elif device.type != "cpu" or args.tp_size > 1 or not cpu_ops.load():
+        raise ValueError(
+            "quantization='gguf' runs on CPU without tensor parallelism, with the C++ kernels "
+            f"built (device {device.type}, tp_size {args.tp_size}, kernels {cpu_ops.loaded()})"
+        )
+    taken = gguf_quant.attach(model, reader, dtype)
+    logger.info("GGUF blocks kept for %d tensors: %s", len(taken), gguf_quant.bytes_by_type(model))
+    return taken
 
 
 @contextlib.contextmanager
@@ -92,15 +119,16 @@ def _default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(previous)
 
 
-def _weights(path: str, fmt: str, config: ModelConfig, dtype: torch.dtype):
+def _weights(path: str, fmt: str, config: ModelConfig, dtype: torch.dtype, skip: set[str]):
     if fmt == "gguf":
-        return gguf_loader.gguf_weights(gguf_loader.open_gguf(path), config, dtype)
+        reader = gguf_loader.open_gguf(path)
+        return gguf_loader.gguf_weights(reader, config, dtype, frozenset(skip))
     return safetensors_loader.safetensors_weights(safetensors_loader.safetensors_files(path))
 
 
-def _progress(weights, path: str, fmt: str):
+def _progress(weights, path: str, fmt: str, skipped: int = 0):
     if fmt == "gguf":
-        total = len(gguf_loader.open_gguf(path).tensors)
+        total = len(gguf_loader.open_gguf(path).tensors) - skipped
     else:
         total = safetensors_loader.safetensors_tensor_count(
             safetensors_loader.safetensors_files(path)

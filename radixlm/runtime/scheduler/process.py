@@ -17,6 +17,7 @@ from radixlm.runtime.distributed.placement import RankInfo
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.loader.gguf_loader import release_gguf
 from radixlm.runtime.messages import Batch
+from radixlm.runtime.models.gguf_quant import bytes_by_type
 from radixlm.runtime.scheduler.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
@@ -82,6 +83,7 @@ def model_info(scheduler: Scheduler) -> dict:
         "architecture": r.config.architecture,
         "startup_s": r.startup_s,
         "memory_bytes": r.memory_bytes(),
+        "weight_bytes_by_type": bytes_by_type(r.model),
         "big_step_threads": r.step_threads.big if r.step_threads else None,
         "cpu_compile": r.cpu_compile_status,
     }

@@ -10,7 +10,7 @@ import torch
 from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
-from radixlm.runtime.loader.gguf_loader import _dequantize
+from radixlm.runtime.loader.gguf_loader import dequantize as ours
 
 
 @pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0"])
@@ -20,7 +20,7 @@ def test_block_formats_dequantize_as_gguf_does(kind):
     data = quantize(weights, qtype)
     tensor = SimpleNamespace(data=data, tensor_type=qtype)
     expected = torch.from_numpy(dequantize(data, qtype).astype(np.float32))
-    got = _dequantize(tensor).reshape(expected.shape)
+    got = ours(tensor).reshape(expected.shape)
     assert torch.equal(got, expected)
     assert (got - torch.from_numpy(weights)).abs().max() < 0.5  # NOTE: and it is the weights
 
@@ -34,9 +34,9 @@ def test_chunks_in_the_model_dtype_round_as_the_whole_tensor(kind, monkeypatch):
     qtype = GGMLQuantizationType[kind]
     weights = np.random.default_rng(1).standard_normal((40, 96)).astype(np.float32)
     tensor = SimpleNamespace(data=quantize(weights, qtype), tensor_type=qtype)
-    whole = _dequantize(tensor).bfloat16()
+    whole = ours(tensor).bfloat16()
     monkeypatch.setattr(gguf_loader, "CHUNK_BLOCKS", 7)  # NOTE: 120 blocks, a ragged last chunk
-    assert torch.equal(_dequantize(tensor, torch.bfloat16), whole)
+    assert torch.equal(ours(tensor, torch.bfloat16), whole)
 
 
 def test_released_tensor_pages_read_back_the_same(smollm_path):
