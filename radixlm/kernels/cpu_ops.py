@@ -121,10 +121,20 @@ def _load() -> None:
     torch.ops.load_library(str(path))
     torch.library.register_fake("radixlm_cpu::decode_attention")(_fake_attention)
     torch.library.register_fake("radixlm_cpu::flash_attention")(_fake_attention)
+    torch.library.register_fake("radixlm_cpu::gguf_matmul")(_fake_gguf_matmul)
+    torch.library.register_fake("radixlm_cpu::gguf_dequantize")(_fake_gguf_dequantize)
 
 
 def _fake_attention(q, *_):
     return torch.empty_like(q, dtype=torch.float32), q.new_empty(q.shape[:2], dtype=torch.float32)
+
+
+def _fake_gguf_matmul(x, raw, kind):
+    return x.new_empty(x.shape[0], raw.shape[0])
+
+
+def _fake_gguf_dequantize(raw, kind, cols, dtype):
+    return raw.new_empty(raw.shape[0], cols, dtype=dtype)
 
 
 def decode_attention(

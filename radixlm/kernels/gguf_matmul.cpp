@@ -1,14 +1,14 @@
 // GGUF's block formats computed as they are stored (see gguf_quant.py for the Python side).
 //
 // A weight matrix [N, K] is N rows of K / QK blocks, each block the bytes ggml writes for QK
-// weights (QK 32 for Q4_0..Q8_0, 256 for the K-quants). Each block is decoded to float32 in
-// registers-sized stack buffers (the formulas of ggml's dequantize_row_*), then:
-// - few activation rows (decode): every decoded block is dotted with each row's slice, so the
-//   weights are read once for all rows; work is split over output rows;
-// - many rows (prefill, big batches): tiles of rows are decoded to float and multiplied with
-//   at::mm, the decode paid once per tile for every activation row.
-// The loops are plain C++ written for the compiler's vectoriser (-O3 -march=native; `omp simd`
-// reductions for the dots), so the same source serves AVX-512, AVX2 and scalar CPUs.
+// weights (QK 32 for Q4_0..Q8_0, 256 for the K-quants), decoded with the formulas of ggml's
+// dequantize_row_* (bit for bit), in groups of 32 codes (AVX2) or by a scalar loop:
+// - few activation rows (decode): the rows are rounded to int8 per 32 values as llama.cpp
+//   rounds its activations, and each weight block's codes are multiplied with them in integer
+//   (AVX2 maddubs), the weights read once for all rows; work is split over output rows;
+// - many rows (prefill, big batches): tiles of weight rows are decoded to float and multiplied
+//   with at::mm by the same int8-rounded activations, the decode paid once per tile.
+// AVX2 (and so AVX-512) CPUs take the vector code; others a plain loop over decoded rows.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -64,23 +64,42 @@ inline void scale_min_k4(int j, const uint8_t* q, int& d, int& m) {
   }
 }
 
-#if defined(__AVX2__)
-// 32 bytes of codes `q` -> y[0..15] = s_lo * (q - sub) + m, y[16..31] with s_hi (multiply,
-// then add: the scalar formulas' rounding)
-inline void codes_to_floats(__m256i q, int sub, float s_lo, float s_hi, float m, float* y) {
-  const __m256i offset = _mm256_set1_epi32(sub);
-  const __m256 add = _mm256_set1_ps(m);
-  const __m128i parts[2] = {_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)};
-  for (int h = 0; h < 2; ++h) {
-    const __m256 scale = _mm256_set1_ps(h == 0 ? s_lo : s_hi);
-    for (int e = 0; e < 2; ++e) {
-      const __m128i eight = e == 0 ? parts[h] : _mm_srli_si128(parts[h], 8);
-      const __m256 f = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(eight), offset));
-      _mm256_storeu_ps(y + 16 * h + 8 * e, _mm256_add_ps(_mm256_mul_ps(f, scale), add));
+// Activation rows as llama.cpp's Q8_0 quantizes them for its dot products: per 32 values a
+// scale (the largest magnitude / 127) and int8 codes; plus the sum of each 16 quantized values
+// (scale times codes), so that a row's dot is exactly that of its quantized values.
+struct QuantizedRows {
+  std::vector<int8_t> codes;  // [rows, k]
+  std::vector<float> scales;  // [rows, k / 32]
+  std::vector<float> sums16;  // [rows, k / 16]
+};
+
+// (`dequantized`: also the quantized values as float32 [rows, k], for the float paths)
+inline QuantizedRows quantize_rows(const float* x, int64_t rows, int64_t k, float* dequantized) {
+  QuantizedRows q{std::vector<int8_t>(rows * k), std::vector<float>(rows * k / 32),
+                  std::vector<float>(rows * k / 16)};
+  at::parallel_for(0, rows * k / 32, 256, [&](int64_t begin, int64_t end) {
+  for (int64_t b = begin; b < end; ++b) {
+    const float* v = x + b * 32;
+    float amax = 0.f;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::abs(v[j]));
+    const float d = amax / 127.f, inv = d > 0.f ? 1.f / d : 0.f;
+    int sums[2] = {0, 0};
+    for (int j = 0; j < 32; ++j) {
+      const int code = int(std::nearbyint(v[j] * inv));
+      q.codes[b * 32 + j] = int8_t(code);
+      sums[j / 16] += code;
     }
+    q.scales[b] = d;
+    q.sums16[2 * b] = d * float(sums[0]);
+    q.sums16[2 * b + 1] = d * float(sums[1]);
+    if (dequantized != nullptr)
+      for (int j = 0; j < 32; ++j) dequantized[b * 32 + j] = d * float(q.codes[b * 32 + j]);
   }
+  });
+  return q;
 }
 
+#if defined(__AVX2__)
 // byte j of the result is 0xFF where bit j of the 32 bits at `x` is set (ggml's trick)
 inline __m256i bits_to_bytes(const uint8_t* x) {
   uint32_t bits;
@@ -99,22 +118,25 @@ inline __m256i nibbles(const uint8_t* qs) {
   return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), low), _mm_and_si128(b, low));
 }
 
-// The vector form of decode_block's formulas (false: the type has none)
-template <int64_t T>
-inline bool decode_avx2(const uint8_t* b, float* __restrict y) {
+// A block's weights as groups of 32 codes: `emit(q, sub, s_lo, s_hi, m, j)` for the codes `q`
+// (32 bytes; signed for Q8_0) of weights j..j+31, which are s * (q - sub) + m with s_lo for
+// the first 16 and s_hi for the rest. The vector form of decode_block's formulas.
+template <int64_t T, typename Emit>
+inline void groups_avx2(const uint8_t* b, Emit&& emit) {
   const __m256i low = _mm256_set1_epi8(0xF);
   if constexpr (T == Q4_0 || T == Q4_1) {
     const float d = half(b);
-    if constexpr (T == Q4_1) codes_to_floats(nibbles(b + 4), 0, d, d, half(b + 2), y);
-    else codes_to_floats(nibbles(b + 2), 8, d, d, 0.f, y);
-    return true;
+    if constexpr (T == Q4_1) emit(nibbles(b + 4), 0, d, d, half(b + 2), 0);
+    else emit(nibbles(b + 2), 8, d, d, 0.f, 0);
   } else if constexpr (T == Q5_0 || T == Q5_1) {
     const uint8_t* p = b + (T == Q5_1 ? 4 : 2);
     const __m256i high = _mm256_and_si256(bits_to_bytes(p), _mm256_set1_epi8(0x10));
-    const __m256i q = _mm256_or_si256(nibbles(p + 4), high);
     const float d = half(b);
-    codes_to_floats(q, T == Q5_1 ? 0 : 16, d, d, T == Q5_1 ? half(b + 2) : 0.f, y);
-    return true;
+    emit(_mm256_or_si256(nibbles(p + 4), high), T == Q5_1 ? 0 : 16, d, d,
+         T == Q5_1 ? half(b + 2) : 0.f, 0);
+  } else if constexpr (T == Q8_0) {
+    const float d = half(b);
+    emit(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2)), 0, d, d, 0.f, 0);
   } else if constexpr (T == Q4_K || T == Q5_K) {
     const float d = half(b), dmin = half(b + 2);
     const uint8_t* scales = b + 4;
@@ -130,15 +152,15 @@ inline bool decode_avx2(const uint8_t* b, float* __restrict y) {
       __m256i lo = _mm256_and_si256(bytes, low);
       __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
       if constexpr (T == Q5_K) {
-        const __m256i u1 = _mm256_set1_epi8(char(1 << (j / 32))), u2 = _mm256_set1_epi8(char(2 << (j / 32)));
+        const __m256i u1 = _mm256_set1_epi8(char(1 << (j / 32)));
+        const __m256i u2 = _mm256_set1_epi8(char(2 << (j / 32)));
         const __m256i sixteen = _mm256_set1_epi8(16);
         lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, u1), u1), sixteen));
         hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, u2), u2), sixteen));
       }
-      codes_to_floats(lo, 0, d1, d1, -m1, y + j);
-      codes_to_floats(hi, 0, d2, d2, -m2, y + j + 32);
+      emit(lo, 0, d1, d1, -m1, j);
+      emit(hi, 0, d2, d2, -m2, j + 32);
     }
-    return true;
   } else if constexpr (T == Q6_K) {
     const uint8_t* ql = b;
     const uint8_t* qhp = b + 128;
@@ -150,18 +172,81 @@ inline bool decode_avx2(const uint8_t* b, float* __restrict y) {
       const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
       const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qhp));
       // NOTE: 16-bit shifts move bits across bytes; the masks keep each byte's own
-      const __m256i q1 = _mm256_or_si256(_mm256_and_si256(l0, low), _mm256_and_si256(_mm256_slli_epi16(qh, 4), two));
-      const __m256i q2 = _mm256_or_si256(_mm256_and_si256(l1, low), _mm256_and_si256(_mm256_slli_epi16(qh, 2), two));
-      const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low), _mm256_and_si256(qh, two));
-      const __m256i q4 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low), _mm256_and_si256(_mm256_srli_epi16(qh, 2), two));
-      codes_to_floats(q1, 32, d * sc[0], d * sc[1], 0.f, y + n);
-      codes_to_floats(q2, 32, d * sc[2], d * sc[3], 0.f, y + n + 32);
-      codes_to_floats(q3, 32, d * sc[4], d * sc[5], 0.f, y + n + 64);
-      codes_to_floats(q4, 32, d * sc[6], d * sc[7], 0.f, y + n + 96);
+      emit(_mm256_or_si256(_mm256_and_si256(l0, low), _mm256_and_si256(_mm256_slli_epi16(qh, 4), two)),
+           32, d * sc[0], d * sc[1], 0.f, n);
+      emit(_mm256_or_si256(_mm256_and_si256(l1, low), _mm256_and_si256(_mm256_slli_epi16(qh, 2), two)),
+           32, d * sc[2], d * sc[3], 0.f, n + 32);
+      emit(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low), _mm256_and_si256(qh, two)),
+           32, d * sc[4], d * sc[5], 0.f, n + 64);
+      emit(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low),
+                           _mm256_and_si256(_mm256_srli_epi16(qh, 2), two)),
+           32, d * sc[6], d * sc[7], 0.f, n + 96);
     }
-    return true;
   }
-  return false;
+}
+
+// 32 codes -> 4 x 8 floats (the codes themselves; Q8_0's signed)
+template <int64_t T>
+inline void code_floats(__m256i q, __m256* f) {
+  const __m128i parts[2] = {_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)};
+  for (int h = 0; h < 2; ++h)
+    for (int e = 0; e < 2; ++e) {
+      const __m128i eight = e == 0 ? parts[h] : _mm_srli_si128(parts[h], 8);
+      f[2 * h + e] = _mm256_cvtepi32_ps(T == Q8_0 ? _mm256_cvtepi8_epi32(eight) : _mm256_cvtepu8_epi32(eight));
+    }
+}
+
+template <int64_t T>
+inline void decode_avx2(const uint8_t* b, float* __restrict y) {
+  groups_avx2<T>(b, [&](__m256i q, int sub, float s_lo, float s_hi, float m, int j) {
+    __m256 f[4];
+    code_floats<T>(q, f);
+    const __m256 offset = _mm256_set1_ps(float(sub)), add = _mm256_set1_ps(m);
+    for (int i = 0; i < 4; ++i) {
+      // NOTE: float(q - sub) exactly, then multiply and add: the scalar formulas' rounding
+      const __m256 scale = _mm256_set1_ps(i < 2 ? s_lo : s_hi);
+      const __m256 w = _mm256_mul_ps(_mm256_sub_ps(f[i], offset), scale);
+      _mm256_storeu_ps(y + j + 8 * i, _mm256_add_ps(w, add));
+    }
+  });
+}
+
+// res[m] = row . x[m] for `rows` activation rows (kRows: their number, 0 when not fixed):
+// sum_j (s (q_j - sub) + m) x_j is s * sum_j q_j x_j (integer products of the weight codes
+// and the rows' int8 codes, scaled by both) + (m - s sub) * sum_j x_j (QuantizedRows' sums).
+template <int64_t T, int kRows>
+inline void dot_avx2(const uint8_t* row, int64_t k, const QuantizedRows& xq, int rows,
+                     float* res) {
+  constexpr int64_t QK = (T == Q4_K || T == Q5_K || T == Q6_K) ? 256 : 32;
+  const int64_t bytes = format_of(T).bytes;
+  const int n = kRows > 0 ? kRows : rows;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[8];
+  float fixed[8];
+  for (int m = 0; m < n; ++m) acc[m] = _mm256_setzero_ps(), fixed[m] = 0.f;
+  for (int64_t i = 0; i < k / QK; ++i) {
+    groups_avx2<T>(row + i * bytes, [&](__m256i q, int sub, float s_lo, float s_hi, float mm, int j) {
+      const int64_t base = i * QK + j;
+      const float a_lo = mm - s_lo * float(sub), a_hi = mm - s_hi * float(sub);
+      // NOTE: Q8_0's codes are signed: |q| times x with q's sign (maddubs takes u8 x s8)
+      const __m256i u = T == Q8_0 ? _mm256_sign_epi8(q, q) : q;
+      for (int m = 0; m < n; ++m) {
+        __m256i xs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq.codes.data() + m * k + base));
+        if constexpr (T == Q8_0) xs = _mm256_sign_epi8(xs, q);
+        const __m256i dots = _mm256_madd_epi16(_mm256_maddubs_epi16(u, xs), ones);
+        const float dx = xq.scales[(m * k + base) / 32];
+        const __m256 scale = _mm256_set_m128(_mm_set1_ps(s_hi * dx), _mm_set1_ps(s_lo * dx));
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), scale, acc[m]);
+        const float* sm = xq.sums16.data() + (m * k + base) / 16;
+        fixed[m] += a_lo * sm[0] + a_hi * sm[1];
+      }
+    });
+  }
+  for (int m = 0; m < n; ++m) {
+    const __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc[m]), _mm256_extractf128_ps(acc[m], 1));
+    const __m128 p = _mm_add_ps(v, _mm_movehl_ps(v, v));
+    res[m] = _mm_cvtss_f32(_mm_add_ss(p, _mm_shuffle_ps(p, p, 1))) + fixed[m];
+  }
 }
 #endif
 
@@ -169,7 +254,7 @@ inline bool decode_avx2(const uint8_t* b, float* __restrict y) {
 template <int64_t T>
 inline void decode_block(const uint8_t* b, float* __restrict y) {
 #if defined(__AVX2__)
-  if (decode_avx2<T>(b, y)) return;
+  return decode_avx2<T>(b, y);
 #endif
   if constexpr (T == Q4_0 || T == Q4_1) {
     const float d = half(b);
@@ -259,10 +344,20 @@ void decode_rows(const uint8_t* raw, int64_t row_bytes, int64_t rows, int64_t k,
 constexpr int64_t kFewRows = 8;
 
 template <int64_t T>
-void few_rows(const float* x, int64_t m_rows, int64_t k, const uint8_t* raw, int64_t row_bytes,
-              int64_t n_rows, float* out) {
+void few_rows(const QuantizedRows& xq, const float* x, int64_t m_rows, int64_t k,
+              const uint8_t* raw, int64_t row_bytes, int64_t n_rows, float* out) {
   constexpr int64_t QK = (T == Q4_K || T == Q5_K || T == Q6_K) ? 256 : 32;
   const int64_t bytes = format_of(T).bytes;
+#if defined(__AVX2__)
+  at::parallel_for(0, n_rows, 8, [&](int64_t begin, int64_t end) {
+    float res[kFewRows];
+    for (int64_t n = begin; n < end; ++n) {
+      if (m_rows == 1) dot_avx2<T, 1>(raw + n * row_bytes, k, xq, 1, res);
+      else dot_avx2<T, 0>(raw + n * row_bytes, k, xq, int(m_rows), res);
+      for (int64_t m = 0; m < m_rows; ++m) out[m * n_rows + n] = res[m];
+    }
+  });
+#else
   at::parallel_for(0, n_rows, 8, [&](int64_t begin, int64_t end) {
     // NOTE: a whole row decoded, then one long dot per activation row (a short dot per
     // block pays a horizontal sum every 32 weights)
@@ -280,6 +375,7 @@ void few_rows(const float* x, int64_t m_rows, int64_t k, const uint8_t* raw, int
       }
     }
   });
+#endif
 }
 
 template <typename F>
@@ -317,15 +413,21 @@ at::Tensor gguf_dequantize(const at::Tensor& raw, int64_t type, int64_t cols, at
 }
 
 // x [M, K] @ w.T, w the raw blocks [N, row bytes] -> [M, N] in x's dtype.
+// x [M, K] @ w.T, w the raw blocks [N, row bytes] -> [M, N] in x's dtype. Every path takes
+// x's rows rounded to int8 per 32 values (llama.cpp's Q8_0 of its activations): the few-rows
+// dots need them, and the other paths use the same values, so a row's result does not depend
+// on how many rows share its step (a compiled step pads its rows; the eager one does not).
 at::Tensor gguf_matmul(const at::Tensor& x, const at::Tensor& raw, int64_t type) {
   TORCH_CHECK(x.dim() == 2, "gguf_matmul: x must be [M, K]");
   const int64_t m_rows = x.size(0), k = x.size(1), n_rows = raw.size(0);
   check_raw(raw, type, k);
   const auto xf = x.to(at::kFloat).contiguous();
+  auto xhat = at::empty_like(xf);
+  const QuantizedRows xq = quantize_rows(xf.data_ptr<float>(), m_rows, k, xhat.data_ptr<float>());
   auto out = at::empty({m_rows, n_rows}, x.options().dtype(at::kFloat));
   if (m_rows <= kFewRows) {
     dispatch(type, [&](auto t) {
-      few_rows<decltype(t)::value>(xf.data_ptr<float>(), m_rows, k, raw.data_ptr<uint8_t>(),
+      few_rows<decltype(t)::value>(xq, xhat.data_ptr<float>(), m_rows, k, raw.data_ptr<uint8_t>(),
                                    raw.size(1), n_rows, out.data_ptr<float>());
     });
   } else {
@@ -339,7 +441,7 @@ at::Tensor gguf_matmul(const at::Tensor& x, const at::Tensor& raw, int64_t type)
         decode_rows<decltype(t)::value>(raw.data_ptr<uint8_t>() + n0 * raw.size(1), raw.size(1),
                                         n, k, w.data_ptr<float>());
       });
-      out.narrow(1, n0, n).copy_(at::mm(xf, w.t()));
+      out.narrow(1, n0, n).copy_(at::mm(xhat, w.t()));
     }
   }
   return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());

@@ -91,8 +91,7 @@ def worth_it(reader) -> bool:
 
 def attach(model: nn.Module, reader, dtype: torch.dtype) -> set[str]:
     """Replace ``model``'s projections, embedding and head by modules over the file's blocks;
-    returns the GGUF tensor names taken (the float loader skips them). Sets
-    ``model.aot_ready`` False: the compiled CPU steps know float weights only."""
+    returns the GGUF tensor names taken (the float loader skips them)."""
     arch = gguf_loader.arch_of(reader)
     pieces: dict[str, dict[int, Segment]] = defaultdict(dict)
     taken: set[str] = set()
@@ -112,7 +111,6 @@ def attach(model: nn.Module, reader, dtype: torch.dtype) -> set[str]:
         _replace(model, target, [shards[i] for i in sorted(shards)], dtype)
     if model.config.tie_word_embeddings and "embed_tokens" in pieces:
         model.lm_head = GGUFLinear([model.embed_tokens.segment], model.config.hidden_size, None)
-    model.aot_ready = False
     return taken
 
 

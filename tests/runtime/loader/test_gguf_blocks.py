@@ -1,8 +1,8 @@
 """GGUF files of every block type, their weights kept in blocks (models/gguf_quant.py): a tiny
 Llama written by ``gguf``'s writer with random blocks of a mix of types (as Q4_K_M mixes Q4_K
 and Q6_K), loaded with ``quantization='gguf'``, gives the logits of the same file with every
-tensor decoded to float32 by ``gguf.quants`` (the kernels decode to the same bits; only the
-order of float32 sums differs)."""
+tensor decoded to float32 by ``gguf.quants``, within the rounding of the activations to int8
+(the kernels decode the weights to the same bits)."""
 
 from __future__ import annotations
 
@@ -85,11 +85,21 @@ def files(tiny_model_factory, tmp_path_factory):
 def test_every_type_gives_the_decoded_file_s_logits(files):
     from radixlm.runtime.models.gguf_quant import GGUFLinear
 
-    got = our_logits(files["mixed", False], PROMPT, tokenizer_path=files["hf"], quantization="gguf")
-    want = our_logits(files["mixed", True], PROMPT, tokenizer_path=files["hf"], quantization="none")
-    # NOTE: float32 with sums of 256-512 products reordered: logits of ~1 agree to ~1e-5
-    torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)
-    assert GGUFLinear  # the blocks were used: see the next test for where
+    hf, path, ref = files["hf"], files["mixed", False], files["mixed", True]
+    want = our_logits(ref, PROMPT, tokenizer_path=hf, quantization="none")
+    # NOTE: the prompt in one step and token by token: the same activations' rounding
+    for chunks in (1, len(PROMPT)):
+        got = our_logits(path, PROMPT, chunks=chunks, tokenizer_path=hf, quantization="gguf")
+        within_int8_rounding(got, want)
+
+
+def within_int8_rounding(got: torch.Tensor, want: torch.Tensor) -> None:
+    """The matmuls round their inputs to int8 per 32 values as llama.cpp does (kernels' test:
+    ~0.3-0.8% of a dot's spread): the 7 matmuls of each layer and the head add up to ~1.6% of
+    the logits' norm and 16 of 17 greedy tokens here; 5% and 3 in 4 leave room, while a
+    wrong code, scale or row order is off by the logits' size."""
+    assert (got - want).norm() < 0.05 * want.norm()
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.75
 
 
 def test_blocks_are_kept_and_reported(files):
@@ -121,7 +131,7 @@ def test_tied_head_reads_the_embedding_s_blocks(files):
 
     got = our_logits(files["tied", False], PROMPT, tokenizer_path=files["hf"])
     want = our_logits(files["tied", True], PROMPT, tokenizer_path=files["hf"], quantization="none")
-    torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)
+    within_int8_rounding(got, want)
     model = ModelRunner(ServerArgs(model_path=files["tied", False], tokenizer_path=files["hf"],
                                    dtype="float32", max_total_tokens=256)).model  # fmt: skip
     assert model.lm_head.segments[0] is model.embed_tokens.segment
