@@ -2,16 +2,17 @@
 made with llama.cpp's own quantizer (``llama_cpp.llama_model_quantize``) from an F16 file
 written from the embedded one (its Q4_1 weights decoded), so both engines read the same bytes.
 
-For each file: radixlm's ``Engine`` (the weights kept in their blocks, ``quantization`` auto,
-eager steps) against llama.cpp (llama-cpp-python, every core): single-stream decode tok/s
+For each file: radixlm's ``Engine`` (the weights kept in their blocks, ``quantization`` auto;
+warm rows once its compiled CPU steps are built, or eager with ``--eager``) against llama.cpp (llama-cpp-python, every core): single-stream decode tok/s
 (best of 3) and batch-32 aggregate tok/s (llama.cpp decoding the 32 sequences in one context, as
 its server's parallel slots do), plus radixlm's weight bytes against the file's size. radixlm's
 first request after a fresh start (what a user meets) is reported too.
 
 SmolLM2's hidden size (576) is not a multiple of 256, so llama.cpp's quantizer stores most of
 its K-quant tensors in the fallback type (Q5_0/Q5_1/Q8_0); the types per file are in the
-results. Run: ``.venv/bin/python benchmarks/bench_quant.py [--types Q4_K_M,Q8_0]``
-(needs the bench extra's llama-cpp-python).
+results. Run: ``.venv/bin/python benchmarks/bench_quant.py [--types Q4_K_M,Q8_0] [--eager]``
+(needs the bench extra's llama-cpp-python; ``--eager``: radixlm's steps uncompiled, no
+minutes of building graphs per file).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from collections import Counter
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_offline import PROMPT, batch_prompts, llamacpp_parallel  # noqa: E402
-from common import bar_chart, log, save  # noqa: E402
+from common import bar_chart, log, save, wait_compiled  # noqa: E402
 
 # llama.cpp's file types (llama.h's LLAMA_FTYPE_MOSTLY_*)
 FTYPES = {"Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18, "Q8_0": 7}
@@ -80,17 +81,21 @@ def tensor_types(path: str) -> dict[str, int]:
     return dict(Counter(t.tensor_type.name for t in open_gguf(path).tensors))
 
 
-def radixlm_runs(path: str, batch: int, new_tokens: int) -> dict:
+def radixlm_runs(path: str, batch: int, new_tokens: int, compiled: bool) -> dict:
+    """The first request after a fresh start, then (``compiled``: once the compiled CPU steps
+    are built, minutes the first time for each file) the warm rows."""
     from radixlm import Engine
 
     p = {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}
     start = time.perf_counter()
-    with Engine(model_path=path, max_total_tokens=16384) as engine:
+    with Engine(model_path=path, max_total_tokens=16384,
+                disable_cpu_compile=not compiled) as engine:  # fmt: skip
         ready = time.perf_counter() - start
         begin = time.perf_counter()
         first = engine.generate(PROMPT, p)["meta_info"]["completion_tokens"]
         out = {"ready_s": round(ready, 2),
                "first_request_tok_s": first / (time.perf_counter() - begin)}  # fmt: skip
+        out["steps"] = wait_compiled(engine) if compiled else "eager"
 
         def single() -> float:
             engine.flush_cache()
@@ -135,6 +140,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--dir", default=os.path.expanduser("~/.cache/radixlm/bench_quant"))
+    ap.add_argument("--eager", action="store_true",
+                    help="radixlm without compiled CPU steps (they take minutes per file)")
     args = ap.parse_args()
     threads = os.cpu_count()
     os.makedirs(args.dir, exist_ok=True)
@@ -144,7 +151,7 @@ def main() -> None:
         path = quantize(source, kind, os.path.join(args.dir, f"smollm2-135m-{kind}.gguf"))
         size = os.path.getsize(path)
         log(f"{kind}: {size / 2**20:.1f} MiB, {tensor_types(path)}")
-        ours = radixlm_runs(path, args.batch, args.new_tokens)
+        ours = radixlm_runs(path, args.batch, args.new_tokens, not args.eager)
         log(f"  radixlm: {ours}")
         peer = llamacpp_runs(path, args.batch, args.new_tokens, threads)
         log(f"  llama.cpp ({threads} threads): {peer}")
@@ -159,13 +166,15 @@ def main() -> None:
             "weights_vs_file": round(ours["weight_bytes"] / size, 2),
         }  # fmt: skip
         log(f"  ratios: {ratios[kind]}")
-    path = save("bench_quant", {"threads_llama_cpp": threads, "new_tokens": args.new_tokens,
-                                "batch": args.batch, "results": results, "ratios": ratios})  # fmt: skip
+    name = "bench_quant_eager" if args.eager else "bench_quant"
+    path = save(name, {"threads_llama_cpp": threads, "new_tokens": args.new_tokens,
+                       "batch": args.batch, "eager": args.eager, "results": results,
+                       "ratios": ratios})  # fmt: skip
     labels, values = [], []
     for kind, r in ratios.items():
         labels += [f"radixlm {kind} single", f"radixlm {kind} batch{args.batch}"]
         values += [r["single_vs_llama_cpp"], r[f"batch{args.batch}_vs_llama_cpp"]]
-    bar_chart("bench_quant", labels, values, "x llama.cpp (same file)",
+    bar_chart(name, labels, values, "x llama.cpp (same file)",
               "GGUF quantized files: radixlm / llama.cpp tok/s")  # fmt: skip
     print(f"saved {path}")
 

@@ -90,6 +90,8 @@ def load_model(
 def _keep_gguf_blocks(model, args: ServerArgs, device, path: str, fmt: str, dtype) -> set[str]:
     """With ``quantization='gguf'`` (or 'auto' and a file :func:`gguf_quant.worth_it` picks),
     put the GGUF file's blocks in the model (models/gguf_quant.py); the tensor names taken."""
+    if args.quantization == "gguf" and fmt != "gguf":
+        raise ValueError(f"quantization='gguf' needs a GGUF file, got {path!r} ({fmt})")
     if fmt != "gguf" or args.quantization not in ("auto", "gguf") or args.load_format == "dummy":
         return set()
     reader = gguf_loader.open_gguf(path)

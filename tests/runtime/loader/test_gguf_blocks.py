@@ -147,3 +147,12 @@ def test_a_type_nothing_decodes_is_refused_by_name(files, tmp_path):
         with pytest.raises(ValueError, match=r"blk\.1\.ffn_down\.weight.* Q8_1"):
             ModelRunner(ServerArgs(model_path=path, tokenizer_path=files["hf"], dtype="float32",
                                    max_total_tokens=256, quantization=quantization))  # fmt: skip
+
+
+def test_gguf_quantization_needs_a_gguf_file(files):
+    from radixlm.runtime.config import ServerArgs
+    from radixlm.runtime.executor.model_runner import ModelRunner
+
+    with pytest.raises(ValueError, match="quantization='gguf' needs a GGUF file"):
+        ModelRunner(ServerArgs(model_path=files["hf"], dtype="float32", max_total_tokens=256,
+                               quantization="gguf"))  # fmt: skip
