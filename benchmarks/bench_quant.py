@@ -3,9 +3,9 @@ made with llama.cpp's own quantizer (``llama_cpp.llama_model_quantize``) from an
 written from the embedded one (its Q4_1 weights decoded), so both engines read the same bytes.
 
 For each file: radixlm's ``Engine`` (the weights kept in their blocks, ``quantization`` auto;
-warm rows once its compiled CPU steps are built, or eager with ``--eager``) against llama.cpp (llama-cpp-python, every core): single-stream decode tok/s
-(best of 3) and batch-32 aggregate tok/s (llama.cpp decoding the 32 sequences in one context, as
-its server's parallel slots do), plus radixlm's weight bytes against the file's size. radixlm's
+such models run their steps eagerly) against llama.cpp (llama-cpp-python, every core):
+single-stream decode tok/s (best of 3) and batch-32 aggregate tok/s (llama.cpp decoding the
+32 sequences in one context, as its server's parallel slots do), plus radixlm's weight bytes against the file's size. radixlm's
 first request after a fresh start (what a user meets) is reported too.
 
 SmolLM2's hidden size (576) is not a multiple of 256, so llama.cpp's quantizer stores most of

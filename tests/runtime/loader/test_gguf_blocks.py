@@ -83,8 +83,6 @@ def files(tiny_model_factory, tmp_path_factory):
 
 
 def test_every_type_gives_the_decoded_file_s_logits(files):
-    from radixlm.runtime.models.gguf_quant import GGUFLinear
-
     hf, path, ref = files["hf"], files["mixed", False], files["mixed", True]
     want = our_logits(ref, PROMPT, tokenizer_path=hf, quantization="none")
     # NOTE: the prompt in one step and token by token: the same activations' rounding
