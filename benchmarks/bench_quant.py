@@ -5,8 +5,9 @@ written from the embedded one (its Q4_1 weights decoded), so both engines read t
 For each file: radixlm's ``Engine`` (the weights kept in their blocks, ``quantization`` auto;
 such models run their steps eagerly) against llama.cpp (llama-cpp-python, every core):
 single-stream decode tok/s (best of 3) and batch-32 aggregate tok/s (llama.cpp decoding the
-32 sequences in one context, as its server's parallel slots do), plus radixlm's weight bytes against the file's size. radixlm's
-first request after a fresh start (what a user meets) is reported too.
+32 sequences in one context, as its server's parallel slots do), plus radixlm's weight bytes
+against the file's size. radixlm's first request after a fresh start (what a user meets) is
+reported too.
 
 SmolLM2's hidden size (576) is not a multiple of 256, so llama.cpp's quantizer stores most of
 its K-quant tensors in the fallback type (Q5_0/Q5_1/Q8_0); the types per file are in the
