@@ -75,7 +75,7 @@ class Sampling(msgspec.Struct, frozen=True):
     """Sampling parameters as the scheduler uses them: validated once, in the tokenizer manager
     (``sampling.params.parse_sampling``), and trusted from then on. The constraint is normalised
     to one ``(kind, spec)``: ``("regex", pattern)``, ``("json_schema", schema text)`` or
-    ``("choices", JSON list)``."""
+    ``("choices", JSON list)`` or ``("ebnf", grammar)``."""
 
     max_new_tokens: int = 128
     min_new_tokens: int = 0
@@ -93,6 +93,7 @@ class Sampling(msgspec.Struct, frozen=True):
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
     sampling_seed: int | None = None
+    logit_bias: dict[int, float] = {}  # token id -> added to its logit (OpenAI's logit_bias)
     constraint: tuple[str, str] | None = None
     speculative: bool = True  # False: never draft for this request (--speculative-algorithm)
 

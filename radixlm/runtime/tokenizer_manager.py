@@ -169,6 +169,9 @@ class TokenizerManager:
         bad = next((t for t in ids if t < 0 or t >= vocab), None)
         if bad is not None:
             raise ValueError(f"prompt token ids (input_ids) must be in [0, {vocab}), got {bad}")
+        bad = next((t for t in params.logit_bias if t >= vocab), None)
+        if bad is not None:
+            raise ValueError(f"logit_bias keys must be token ids in [0, {vocab}), got {bad}")
         # NOTE: an implicit max_new_tokens is clamped to the room left; an explicit one must fit
         wanted = params.max_new_tokens if "max_new_tokens" in req.sampling else 1
         if len(ids) + wanted > self.context_len:

@@ -107,14 +107,17 @@ class GrammarBackend(ABC):
         self.whitespace_pattern = (
             DEFAULT_WHITESPACE_PATTERN if whitespace_pattern is None else whitespace_pattern
         )
+        self._delegates: dict[str, GrammarBackend] = {}  # NOTE: shared by copies (``using``)
 
     def compile(self, kind: str, spec: str) -> Grammar:
-        """Compile a constraint: ``regex`` (full match), ``json_schema`` (JSON text) or
-        ``choices`` (JSON list of strings). Raises ValueError naming what is wrong."""
+        """Compile a constraint: ``regex`` (full match), ``json_schema`` (JSON text),
+        ``choices`` (JSON list of strings) or ``ebnf`` (GBNF/EBNF or Lark grammar text).
+        Raises ValueError naming what is wrong."""
         compilers = {
             "regex": lambda: self.compile_regex(check_regex(spec)),
             "json_schema": lambda: self.compile_json_schema(spec),
             "choices": lambda: self.compile_regex(choices_regex(parse_choices(spec))),
+            "ebnf": lambda: self.compile_ebnf(spec),
         }
         if kind not in compilers:
             raise ValueError(f"constraint kind must be one of {list(KINDS)}, got {kind!r}")
@@ -127,6 +130,18 @@ class GrammarBackend(ABC):
     @abstractmethod
     def compile_json_schema(self, schema: str) -> Grammar:
         """Compile a JSON schema given as JSON text."""
+
+    def compile_ebnf(self, grammar: str) -> Grammar:
+        """Compile a context-free grammar. A backend without a grammar parser of its own (the
+        regex-only outlines) hands it to llguidance over the same tokenizer: its matchers
+        work in the same masks."""
+        if "llguidance" not in self._delegates:
+            from radixlm.runtime.constrained.llguidance_backend import LLGuidanceBackend
+
+            self._delegates["llguidance"] = LLGuidanceBackend(
+                self.tokenizer, self.vocab_size, self.eos_token_ids, self.whitespace_pattern
+            )
+        return self._delegates["llguidance"].compile_ebnf(grammar)
 
 
 def create_grammar_backend(

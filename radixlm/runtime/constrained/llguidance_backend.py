@@ -142,6 +142,12 @@ class LLGuidanceBackend(GrammarBackend):
         except ValueError as e:
             raise ValueError(f"unsupported json_schema: {e}") from e
 
+    def compile_ebnf(self, grammar: str) -> LLGuidanceGrammar:
+        try:
+            return self._build(llguidance.grammar_from("grammar", grammar))
+        except ValueError as e:
+            raise ValueError(f"invalid ebnf grammar: {e}") from e
+
     def _json_options(self) -> dict[str, Any]:
         if not self.whitespace_pattern:
             return {"whitespace_flexible": False}

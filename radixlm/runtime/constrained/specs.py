@@ -11,7 +11,7 @@ try:
 except ImportError:  # pragma: no cover - Python 3.10
     import sre_parse  # type: ignore[no-redef]
 
-KINDS = ("regex", "json_schema", "choices")
+KINDS = ("regex", "json_schema", "choices", "ebnf")
 _META = set("\\.^$|?*+()[]{}")
 
 
@@ -41,17 +41,20 @@ def constraint_from_params(
     regex: str | None = None,
     json_schema: dict | str | None = None,
     choices: list[str] | str | None = None,
+    ebnf: str | None = None,
 ) -> tuple[str, str] | None:
     """The request's constraint as ``(kind, spec)``, or None when it has none.
 
     ``json_schema`` may be a dict or a JSON string; it is normalised to compact JSON (property
     order kept, since it decides the order of generated keys). ``choices`` may be a list of
-    strings or its JSON text; the spec is the compact JSON list.
+    strings or its JSON text; the spec is the compact JSON list. ``ebnf`` is a grammar in
+    GBNF/EBNF (``root ::= ...``, as llama.cpp and xgrammar write it) or Lark syntax.
     """
-    given = [(k, v) for k, v in zip(KINDS, (regex, json_schema, choices)) if v is not None]
+    values = (regex, json_schema, choices, ebnf)
+    given = [(k, v) for k, v in zip(KINDS, values) if v is not None]
     if len(given) > 1:
         names = ", ".join(k for k, _ in given)
-        raise ValueError(f"only one of regex, json_schema, choices may be set; got {names}")
+        raise ValueError(f"only one of {', '.join(KINDS)} may be set; got {names}")
     if not given:
         return None
     kind, value = given[0]
@@ -60,7 +63,9 @@ def constraint_from_params(
     if kind == "choices":
         return kind, json.dumps(parse_choices(value), separators=(",", ":"), ensure_ascii=False)
     if not isinstance(value, str):
-        raise ValueError(f"regex must be a string, got {type(value).__name__}")  # noqa: TRY004
+        raise ValueError(f"{kind} must be a string, got {type(value).__name__}")  # noqa: TRY004
+    if kind == "ebnf" and not value.strip():
+        raise ValueError("ebnf must be a non-empty grammar")
     return kind, value
 
 

@@ -173,6 +173,13 @@ class XGrammarBackend(GrammarBackend):
             raise ValueError(f"unsupported json_schema: {_summary(e)}") from e
         return self._build(compiled)
 
+    def compile_ebnf(self, grammar: str) -> XGrammarGrammar:
+        """xgrammar's EBNF (GBNF-style, start rule ``root``)."""
+        try:
+            return self._build(self._compiler.compile_grammar(grammar))
+        except RuntimeError as e:
+            raise ValueError(f"invalid ebnf grammar: {_summary(e)}") from e
+
     def _json_options(self) -> dict[str, Any]:
         if not self.whitespace_pattern:
             return {"any_whitespace": False, "separators": (",", ":")}

@@ -17,7 +17,9 @@ MAX_STOP_CHARS = 4096
 MAX_STOP_TOKEN_IDS = 1024
 MAX_STOP_REGEX = 16  # patterns searched in the output's recent text after every token
 STOP_REGEX_WINDOW = 64  # tokens of recent output a stop_regex is searched in
-CONSTRAINTS = ("regex", "json_schema", "choices")
+CONSTRAINTS = ("regex", "json_schema", "choices", "ebnf")
+MAX_LOGIT_BIAS = 300  # entries, as OpenAI allows
+LOGIT_BIAS_RANGE = 100.0
 KNOWN = frozenset(Sampling.__struct_fields__) - {"constraint"} | {*CONSTRAINTS, "n"}
 
 
@@ -36,6 +38,8 @@ def parse_sampling(d: dict[str, Any] | None, has_tokenizer: bool = True) -> Samp
         if isinstance(d.get(key), str):
             d[key] = [d[key]]
     _int_range("n", d.pop("n", 1), 1, MAX_N)
+    if "logit_bias" in d:
+        d["logit_bias"] = parse_logit_bias(d["logit_bias"])
     spec = {k: d.pop(k) for k in CONSTRAINTS if k in d}
     values = {**msgspec.structs.asdict(Sampling()), **d}
     _check_ranges(values)
@@ -94,6 +98,27 @@ def _check_ranges(v: dict[str, Any]) -> None:
             f"min_new_tokens ({v['min_new_tokens']}) must be <= "
             f"max_new_tokens ({v['max_new_tokens']})"
         )
+
+
+def parse_logit_bias(bias: Any) -> dict[int, float]:
+    """``{token id (int, or its decimal text as OpenAI sends it): bias in [-100, 100]}``; the
+    ids' upper bound (the vocabulary) is checked by the caller, which knows it."""
+    if not isinstance(bias, dict):
+        raise ValueError(f"logit_bias must be an object of token id -> bias, got {bias!r}")
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise ValueError(f"logit_bias must hold at most {MAX_LOGIT_BIAS} entries, got {len(bias)}")
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        token = key if isinstance(key, int) and not isinstance(key, bool) else None
+        if isinstance(key, str) and key.strip().isdigit():
+            token = int(key)
+        if token is None or not 0 <= token <= INT32_MAX:
+            raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ValueError(f"logit_bias[{token}] must be a number, got {value!r}")
+        _num_range(f"logit_bias[{token}]", value, -LOGIT_BIAS_RANGE, LOGIT_BIAS_RANGE)
+        out[token] = float(value)
+    return out
 
 
 def _check_stop_regex(patterns: Any) -> None:

@@ -40,3 +40,16 @@ def ban_tokens(logits: torch.Tensor, rows: list[int], token_ids: list[list[int]]
     for row, ids in zip(rows, token_ids):
         logits[row, ids] = float("-inf")
     return logits
+
+
+def add_logit_bias(logits: torch.Tensor, biases: list[dict[int, float]]) -> torch.Tensor:
+    """Add each row's ``{token id: bias}`` to its logits, in one indexed add over the batch."""
+    rows = [row for row, bias in enumerate(biases) for _ in bias]
+    if not rows:
+        return logits
+    cols = [token for bias in biases for token in bias]
+    values = [value for bias in biases for value in bias.values()]
+    device = logits.device
+    index = (torch.tensor(rows, device=device), torch.tensor(cols, device=device))
+    return logits.index_put_(index, torch.tensor(values, dtype=logits.dtype, device=device),
+                             accumulate=True)  # fmt: skip

@@ -1,4 +1,4 @@
-"""Turning logits into token ids: penalties, grammar masks, temperature, top-k/p, min-p, seeds."""
+"""Turning logits into token ids: penalties, logit bias, grammar masks, temperature, top-k/p, min-p, seeds."""
 
 from __future__ import annotations
 
@@ -75,6 +75,8 @@ def _apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tenso
             penalties.token_counts([r.prompt_ids + r.output_ids for r in rows], vocab, device) > 0
         )
         logits = penalties.apply_repetition(logits, seen, torch.tensor(rep, device=device))
+    if any(r.params.logit_bias for r in rows):
+        logits = penalties.add_logit_bias(logits, [r.params.logit_bias for r in rows])
     return logits
 
 

@@ -89,6 +89,7 @@ class NgramDrafter:
             and params.repetition_penalty == 1.0
             and params.frequency_penalty == 0.0
             and params.presence_penalty == 0.0
+            and not params.logit_bias
             and not banned
             and (not has_grammar or params.is_greedy)
             and not logprobs

@@ -107,11 +107,30 @@ def test_output_logprobs_match_prompt_logprobs(tiny_engine):
         ({"min_new_tokens": 10, "max_new_tokens": 5}, "min_new_tokens"),
         ({"no_such_param": 1}, "no_such_param"),
         ({"regex": "a", "json_schema": {}}, "only one of"),
+        ({"logit_bias": {"5": 101}}, r"logit_bias\[5\]"),
+        ({"logit_bias": {"x": 1}}, "logit_bias keys"),
+        ({"logit_bias": {"99999999": 1}}, "logit_bias keys must be token ids in"),
+        ({"logit_bias": {str(i): 1 for i in range(301)}}, "at most 300"),
+        ({"logit_bias": [1]}, "logit_bias"),
+        ({"ebnf": "root ::= ("}, "ebnf"),
     ],
 )
 def test_invalid_parameters_raise_value_error(tiny_engine, params, field):
     with pytest.raises(ValueError, match=field):
         tiny_engine.generate(PROMPT, params)
+
+
+def test_logit_bias_forces_and_bans_tokens(tiny_engine):
+    p = {"max_new_tokens": 6, "temperature": 0}
+    greedy = tiny_engine.generate(PROMPT, p)["output_ids"]
+    forced = tiny_engine.generate(PROMPT, {**p, "logit_bias": {"7": 100}})["output_ids"]
+    assert forced == [7] * 6
+    banned = {str(t): -100 for t in set(greedy)}
+    out = tiny_engine.generate(PROMPT, {**p, "logit_bias": banned})["output_ids"]
+    assert not set(out) & set(greedy)
+    # batched with an unbiased request, each row keeps its own bias
+    both = tiny_engine.generate([PROMPT, PROMPT], [{**p, "logit_bias": {7: 100}}, p])
+    assert [r["output_ids"] for r in both] == [[7] * 6, greedy]
 
 
 def test_prompt_over_context_length_is_refused(tiny_engine):

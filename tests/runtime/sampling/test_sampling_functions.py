@@ -47,6 +47,22 @@ def test_greedy_banned_tokens_and_logprobs():
     assert [t for _, t in out.top_logprobs[0]] == [1, 2]
 
 
+def test_logit_bias_per_row_before_the_grammar_mask():
+    logits = torch.tensor([[1.0, 3.0, 2.0, 0.0]] * 3)
+    rows = [
+        SampleRow(Sampling(temperature=0, logit_bias={3: 100.0}), [0], [], []),
+        SampleRow(Sampling(temperature=0, logit_bias={1: -100.0, 2: -0.5}), [0], [], []),
+        SampleRow(Sampling(temperature=0), [0], [], []),
+    ]
+    assert sample(logits.clone(), rows).token_ids == [3, 2, 1]
+    # NOTE: a mask still wins over a bias: token 3 is banned by the grammar in every row
+    bitmask = torch.tensor([[0b0111]] * 3, dtype=torch.int32)
+    assert sample(logits.clone(), rows, bitmask).token_ids == [1, 2, 1]
+    # the logprobs a request gets are the model's, before the bias (as vLLM reports them)
+    out = sample(logits.clone(), rows[:1])
+    assert abs(out.logprobs[0] - torch.log_softmax(logits[0], -1)[3].item()) < 1e-6
+
+
 def test_seeded_sampling_is_reproducible_and_follows_the_distribution():
     logits = torch.log(torch.tensor([[0.7, 0.2, 0.1]]))
     picks = []
