@@ -24,8 +24,8 @@ from radixlm.runtime.config import (
     ServerArgs,
 )
 from radixlm.runtime.function_call import TOOL_PARSERS
-from radixlm.runtime.models.architectures import ARCHITECTURES
 from radixlm.runtime.launcher import launch
+from radixlm.runtime.models.architectures import ARCHITECTURES
 from radixlm.runtime.reasoning import REASONING_PARSERS
 from radixlm.server.app import abort_in_flight, api_keys, create_app
 from radixlm.server.openai_format import load_chat_template

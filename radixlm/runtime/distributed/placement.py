@@ -8,7 +8,6 @@ from dataclasses import asdict, dataclass
 
 from radixlm.runtime.config import ModelConfig
 
-
 # NOTE: models whose q/k norm spans every head (models/olmo.py), which heads split across ranks
 # would change
 WHOLE_QK_NORM = ("Olmo2ForCausalLM", "OlmoeForCausalLM")

@@ -20,7 +20,15 @@ def register_model(*names: str) -> Callable[[type], type]:
 
 def get_model_class(architecture: str) -> type:
     from radixlm.runtime.models import (  # noqa: F401  (importing a family registers it)
-        gemma, granite, llama, mixtral, olmo, phi3, qwen2, qwen_moe, smollm3,
+        gemma,
+        granite,
+        llama,
+        mixtral,
+        olmo,
+        phi3,
+        qwen2,
+        qwen_moe,
+        smollm3,
     )
 
     check_architecture(architecture)

@@ -1,4 +1,5 @@
-"""Turning logits into token ids: penalties, logit bias, grammar masks, temperature, top-k/p, min-p, seeds."""
+"""Turning logits into token ids: penalties, logit bias, grammar masks, temperature, top-k/p,
+min-p, seeds."""
 
 from __future__ import annotations
 

@@ -17,7 +17,8 @@ GRAMMARS = [
         r"\([0-9x](\+[0-9x])*\)",
     ),
     (
-        'root ::= "name: " name "\\n" "age: " age\nname ::= [A-Z] [a-z]? [a-z]?\nage ::= [1-9] [0-9]?',
+        'root ::= "name: " name "\\n" "age: " age\n'
+        "name ::= [A-Z] [a-z]? [a-z]?\nage ::= [1-9] [0-9]?",
         r"name: [A-Z][a-z]{0,2}\nage: [1-9][0-9]?",
     ),
 ]
