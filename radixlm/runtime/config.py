@@ -235,6 +235,7 @@ class ServerArgs:
     api_keys_file: str | None = None
     max_request_bytes: int = 8 * 1024 * 1024  # larger bodies get 413 before they are parsed
     served_model_name: str | None = None
+    strict_api: bool = False  # refuse unknown request fields (400) instead of ignoring them
     chat_template: str | None = None
     # None: chosen from the chat template (hermes when it has no tool markup of its own).
     tool_call_parser: str | None = None

@@ -18,6 +18,7 @@ from radixlm.runtime.runtime import Runtime
 from radixlm.server import native, openai_api, responses_api, web
 from radixlm.server.body_limit import BodyLimitMiddleware
 from radixlm.server.errors import error_response, install_handlers
+from radixlm.server.lenient import IgnoredFieldsHeader
 from radixlm.server.metrics import ServerMetrics
 from radixlm.server.openai_format import load_chat_template
 from radixlm.server.state import ServerState, served_name
@@ -68,6 +69,7 @@ def create_app(
     app.include_router(responses_api.router)
     app.include_router(web.router)
     app.mount("/static", web.static, name="static")
+    app.add_middleware(IgnoredFieldsHeader)
     app.add_middleware(JSONBodyMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_bytes=args.max_request_bytes)
     keys = api_keys(args)

@@ -42,6 +42,8 @@ HELP = {
     "api_keys_file": "API keys, one per line: 'KEY [TENANT]'; each tenant's requests get their "
     "own cache_salt, so tenants never share cached KV",
     "served_model_name": "the model name clients use (default: the model path)",
+    "strict_api": "refuse OpenAI requests with fields the server does not know (400); by "
+    "default they are ignored, logged once and named in the x-radixlm-ignored-fields header",
     "chat_template": "Jinja chat template, or a file holding one (default: the model's)",
     "skip_tokenizer_init": "load no tokenizer: prompts must be token ids, outputs are token ids",
     "quantization": "int4: int4 weight copies for CPU decode steps of <= 8 tokens and an int8 "

@@ -19,6 +19,7 @@ from radixlm.server.chat_output import ChoiceStream, chat_message
 from radixlm.server.chat_prompt import template_text
 from radixlm.server.chat_tools import ChatPlan, plan_chat
 from radixlm.server.errors import ERROR_RESPONSES, STREAM_RESPONSE, APIError
+from radixlm.server.lenient import check_fields
 from radixlm.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from radixlm.server.state import ServerState, server_state, tenant_salt
 from radixlm.server.streams import (
@@ -88,6 +89,7 @@ def _model_card(state: ServerState) -> dict[str, Any]:
 @router.post("/completions", responses=STREAM_RESPONSE)
 async def completions(body: CompletionRequest, request: Request) -> Any:
     """Text completion for one prompt or a batch (strings or token ids)."""
+    check_fields(request, body)
     try:
         call = _start(request, body, fmt.completion_input(body), "completion")
         if body.stream:
@@ -102,6 +104,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
 @router.post("/chat/completions", responses=STREAM_RESPONSE)
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
     """Chat completion through the model's chat template (or ``--chat-template``)."""
+    check_fields(request, body)
     try:
         call = await chat_call(request, body)
         if body.stream:

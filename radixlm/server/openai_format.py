@@ -8,11 +8,17 @@ from typing import Any
 
 from radixlm.runtime.constrained.schema_regex import json_schema_regex
 from radixlm.runtime.io_struct import GenerateInput
+from radixlm.runtime.sampling.params import CONSTRAINTS
 from radixlm.runtime.tokenizer_manager import check_text
 from radixlm.server.chat_prompt import render_chat
 from radixlm.server.chat_tools import ChatPlan, with_reasoning
 from radixlm.server.errors import guess_param
-from radixlm.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from radixlm.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ResponseFormat,
+    SamplingFields,
+)
 
 OPENAI_NAMES = {
     "max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "sampling_seed": "seed",
@@ -50,11 +56,47 @@ def sampling_params(req: SamplingFields, max_tokens: int | None) -> dict[str, An
         "stop_regex": req.stop_regex,
         "skip_special_tokens": req.skip_special_tokens,
         "no_stop_trim": req.no_stop_trim,
-        "regex": req.regex,
-        "json_schema": req.json_schema,
+        "logit_bias": req.logit_bias,
         "speculative": req.speculative,
+        **structured_output(req),
     }
+    if req.include_stop_str_in_output is not None and req.no_stop_trim is None:
+        params["no_stop_trim"] = req.include_stop_str_in_output
     return {k: v for k, v in params.items() if v is not None}
+
+
+def structured_output(req: SamplingFields) -> dict[str, Any]:
+    """The one output constraint a request sets, as the runtime's parameter (``regex``,
+    ``json_schema``, ``choices`` or ``ebnf``), from radixlm's/SGLang's fields or vLLM's
+    (``guided_*``, ``structured_outputs``); ValueError naming them when more than one is set."""
+    so = req.structured_outputs
+    given = [
+        ("regex", "regex", req.regex),
+        ("json_schema", "json_schema", req.json_schema),
+        ("ebnf", "ebnf", req.ebnf),
+        ("guided_regex", "regex", req.guided_regex),
+        ("guided_json", "json_schema", req.guided_json),
+        ("guided_choice", "choices", req.guided_choice),
+        ("guided_grammar", "ebnf", req.guided_grammar),
+    ]
+    if so is not None:
+        given += [
+            ("structured_outputs.regex", "regex", so.regex),
+            ("structured_outputs.json", "json_schema", so.json_),
+            ("structured_outputs.choice", "choices", so.choice),
+            ("structured_outputs.grammar", "ebnf", so.grammar),
+            ("structured_outputs.json_object", "json_schema",
+             {"type": "object"} if so.json_object else None),
+        ]  # fmt: skip
+    given = [g for g in given if g[2] is not None]
+    if len(given) > 1:
+        names = ", ".join(name for name, _, _ in given)
+        raise ValueError(f"only one output constraint may be set; got {names}")
+    return {kind: value for _, kind, value in given}
+
+
+def has_constraint(params: dict[str, Any]) -> bool:
+    return any(k in params for k in CONSTRAINTS)
 
 
 def completion_input(req: CompletionRequest) -> GenerateInput:
@@ -63,10 +105,16 @@ def completion_input(req: CompletionRequest) -> GenerateInput:
         raise ValueError("prompt must not be empty")
     is_ids = isinstance(prompt, list) and not isinstance(prompt[0], str)
     logprobs = req.logprobs is not None
+    params = sampling_params(req, req.max_tokens)
+    fmt = req.response_format
+    if fmt is not None and fmt.type != "text":
+        if has_constraint(params):
+            raise ValueError("response_format cannot be combined with another output constraint")
+        params["json_schema"] = _format_schema(fmt)
     return GenerateInput(
         text=None if is_ids else prompt,
         input_ids=prompt if is_ids else None,
-        sampling_params=sampling_params(req, req.max_tokens),
+        sampling_params=params,
         stream=req.stream,
         return_logprob=logprobs,
         logprob_start_len=0 if logprobs and req.echo else -1,
@@ -82,13 +130,13 @@ def chat_input(
 ) -> GenerateInput:
     params = sampling_params(req, req.max_completion_tokens or req.max_tokens)
     regex = _response_format_regex(req, params, plan, whitespace)
-    own = regex is not None or "json_schema" in params or "regex" in params
+    own = regex is not None or has_constraint(params)
     if plan.regex is not None and not (own and plan.parser is None):
         # NOTE: with tool_choice none the regex only bans the call tag; the client's wins
         if own:
             raise ValueError(
                 "tool_choice (required, a named tool, or auto with a strict tool) cannot be "
-                "combined with response_format, regex or json_schema"
+                "combined with response_format or another output constraint"
             )
         regex = plan.regex
     if regex is not None:
@@ -118,10 +166,9 @@ def _response_format_regex(
     fmt = req.response_format
     if fmt is None or fmt.type == "text":
         return None
-    if "json_schema" in params or "regex" in params:
-        raise ValueError("response_format cannot be combined with regex or json_schema")
-    schema = fmt.json_schema.schema_ if fmt.type == "json_schema" and fmt.json_schema else None
-    spec = json.dumps(schema or {"type": "object"})
+    if has_constraint(params):
+        raise ValueError("response_format cannot be combined with another output constraint")
+    spec = _format_schema(fmt)
     if plan.reasoning is None:
         params["json_schema"] = spec
         return None
@@ -129,6 +176,12 @@ def _response_format_regex(
         return json_schema_regex(spec, whitespace)
     except ValueError as e:
         raise ValueError(f"response_format.json_schema.schema: {e}") from None
+
+
+def _format_schema(fmt: ResponseFormat) -> str:
+    """The JSON schema ``response_format`` asks for (any object for ``json_object``)."""
+    schema = fmt.json_schema.schema_ if fmt.type == "json_schema" and fmt.json_schema else None
+    return json.dumps(schema or {"type": "object"})
 
 
 def load_chat_template(spec: str | None) -> str | None:

@@ -1,4 +1,5 @@
-"""Request bodies of the native and OpenAI-compatible routes (pydantic; unknown fields rejected)."""
+"""Request bodies of the native and OpenAI-compatible routes (pydantic). Unknown fields are
+refused, except at the top level of OpenAI bodies (``lenient.py``: accepted and named)."""
 
 from __future__ import annotations
 
@@ -79,10 +80,27 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: bool = False  # vLLM's: usage so far in every chunk
 
 
-class SamplingFields(BaseModel):
-    """Fields shared by completions and chat completions, including radixlm's extras."""
+class StructuredOutputs(BaseModel):
+    """vLLM's ``structured_outputs``: one constraint on the output."""
 
-    model_config = Strict
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    # NOTE: vLLM's decoding-backend knobs; this server's backend is chosen at start
+    disable_fallback: bool | None = None
+    disable_any_whitespace: bool | None = None
+    disable_additional_properties: bool | None = None
+    whitespace_pattern: str | None = None
+
+
+class SamplingFields(BaseModel):
+    """Fields shared by completions and chat completions, including radixlm's, vLLM's and
+    SGLang's extras. Unknown top-level fields are kept in ``model_extra`` (``lenient.py``)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
     model: str | None = None
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
@@ -108,6 +126,16 @@ class SamplingFields(BaseModel):
     no_stop_trim: bool | None = None
     regex: str | None = None
     json_schema: dict[str, Any] | str | None = None
+    ebnf: str | None = None  # SGLang's: a GBNF/EBNF grammar (or Lark)
+    # vLLM's structured-output fields (the older guided_* and the newer structured_outputs)
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    structured_outputs: StructuredOutputs | None = None
+    # OpenAI's: token id (as a string) -> bias in [-100, 100] added to its logit
+    logit_bias: dict[str, float] | None = None
+    include_stop_str_in_output: bool | None = None  # vLLM's name for no_stop_trim
     speculative: bool | None = None  # False: no speculative drafts for this request
 
     @property
@@ -119,6 +147,20 @@ class SamplingFields(BaseModel):
         return self.include_usage and self.stream_options.continuous_usage_stats
 
 
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = Strict
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class CompletionRequest(SamplingFields):
     """``POST /v1/completions``."""
 
@@ -126,6 +168,7 @@ class CompletionRequest(SamplingFields):
     max_tokens: int | None = Field(16, ge=0)
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
+    response_format: ResponseFormat | None = None  # vLLM's: as on chat
 
 
 class TextPart(BaseModel):
@@ -162,20 +205,6 @@ class ChatMessage(BaseModel):
         if isinstance(self.content, list):
             return "".join(part.text for part in self.content)
         return self.content or ""
-
-
-class JsonSchemaFormat(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
-    name: str = "response"
-    description: str | None = None
-    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
-    strict: bool | None = None
-
-
-class ResponseFormat(BaseModel):
-    model_config = Strict
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
 
 
 class FunctionDefinition(BaseModel):

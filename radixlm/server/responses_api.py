@@ -14,6 +14,7 @@ from radixlm.server import openai_format as fmt
 from radixlm.server import responses_format as rf
 from radixlm.server.chat_output import ChoiceStream
 from radixlm.server.errors import ERROR_RESPONSES, STREAM_RESPONSE, APIError, error_body
+from radixlm.server.lenient import check_fields
 from radixlm.server.openai_api import Call, chat_call, finished, joined
 from radixlm.server.protocol import ResponsesRequest
 from radixlm.server.streams import generate_chunks, sse_response
@@ -25,6 +26,7 @@ router = APIRouter(prefix="/v1", tags=["openai"], responses=ERROR_RESPONSES)
 async def create_response(body: ResponsesRequest, request: Request) -> Any:
     """A model response to ``input`` (text or items), with function tools and ``text.format``;
     ``previous_response_id`` and other stored state are a 400 (nothing is stored)."""
+    check_fields(request, body)
     try:
         reply = _Reply(body, await chat_call(request, rf.chat_request(body)))
         if body.stream:

@@ -31,7 +31,7 @@ def test_malformed_json_is_400(tiny_client, path):
     ({"prompt": "x", "n": 0}, "n"),
     ({"prompt": "x", "top_k": -7}, "top_k"),
     ({"prompt": "x", "logprobs": 99}, "logprobs"),
-    ({"prompt": "x", "bogus_field": 1}, "bogus_field"),
+    ({"prompt": "x", "logit_bias": {"1": 500}}, "logit_bias"),
     ({"prompt": 5}, "prompt"),
     ({"temperature": 0.5}, "prompt"),
 ])

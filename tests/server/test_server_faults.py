@@ -47,9 +47,9 @@ def wait_idle(client: httpx.Client) -> dict:
 
 @pytest.fixture(scope="module")
 def restricted(tiny_llama):
-    """One running request at most, no queue, and an API key."""
+    """One running request at most, no queue, an API key, and unknown fields refused."""
     server = launch_server(
-        tiny_llama, "--max-total-tokens", "4096", "--api-key", KEY,
+        tiny_llama, "--max-total-tokens", "4096", "--api-key", KEY, "--strict-api",
         "--max-running-requests", "1", "--max-queued-requests", "0",
     )
     yield server
@@ -71,6 +71,15 @@ def test_api_key_is_required_except_for_health(restricted):
     assert client.completions.create(model=model, prompt="x", max_tokens=1).choices
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{restricted.url}/v1", api_key="nope", max_retries=0).models.list()
+
+
+def test_strict_api_refuses_unknown_fields(restricted):
+    client = openai.OpenAI(base_url=f"{restricted.url}/v1", api_key=KEY, max_retries=0)
+    kw = {"model": client.models.list().data[0].id, "prompt": "hi", "max_tokens": 1}
+    with pytest.raises(openai.BadRequestError, match="store") as e:
+        client.completions.create(**kw, extra_body={"store": 1})
+    assert e.value.body["param"] == "store"
+    assert client.completions.create(**kw).choices[0].finish_reason == "length"
 
 
 def test_queue_beyond_limit_is_429_with_retry_after_and_not_ready(restricted):
