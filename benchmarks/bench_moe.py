@@ -25,7 +25,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
-
 from common import bar_chart, log, save  # noqa: E402
 
 NEW_TOKENS = 64
@@ -52,7 +51,8 @@ def layer_bench() -> dict:
         "qwen3_moe", hidden_size=1024, moe_intermediate_size=512, num_experts=32,
         num_experts_per_tok=4, norm_topk_prob=True, num_attention_heads=8,
     )  # fmt: skip
-    config = ModelConfig.from_hf_dict({**hf_cfg.to_dict(), "architectures": ["Qwen3MoeForCausalLM"]})
+    arch = {"architectures": ["Qwen3MoeForCausalLM"]}
+    config = ModelConfig.from_hf_dict({**hf_cfg.to_dict(), **arch})
     torch.manual_seed(0)
     ours = SparseMoE(config).eval()
     hf = Qwen3MoeSparseMoeBlock(hf_cfg).eval()
@@ -70,9 +70,9 @@ def layer_bench() -> dict:
             want = want[0] if isinstance(want, tuple) else want
             torch.testing.assert_close(ours(x), want[0], atol=1e-5, rtol=1e-5)
             runs = 20 if tokens <= 8 else 5
-            grouped = _best(lambda: ours(x), runs)
-            per_pair = _best(lambda: loop_experts(ours, x), max(2, runs // 4))
-            hf_s = _best(lambda: hf(x[None]), runs)
+            grouped = _best(lambda x=x: ours(x), runs)
+            per_pair = _best(lambda x=x: loop_experts(ours, x), max(2, runs // 4))
+            hf_s = _best(lambda x=x: hf(x[None]), runs)
         rows.append({"tokens": tokens, "grouped_ms": grouped * 1e3, "pair_loop_ms": per_pair * 1e3,
                      "hf_block_ms": hf_s * 1e3, "vs_pair_loop": per_pair / grouped,
                      "vs_hf_block": hf_s / grouped})  # fmt: skip

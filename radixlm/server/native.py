@@ -1,4 +1,4 @@
-"""Native routes: /generate (the Engine's shapes), health, info, cache and tokenizer helpers."""
+"""Native routes: /generate (the Engine's shapes), health, info, cache, metrics."""
 
 from __future__ import annotations
 
@@ -24,10 +24,8 @@ from radixlm.server.errors import (
 from radixlm.server.protocol import (
     AbortRequest,
     CacheSaveRequest,
-    DetokenizeRequest,
     FlushCacheRequest,
     GenerateRequest,
-    TokenizeRequest,
 )
 from radixlm.server.state import ServerState, server_state, tenant_salt
 from radixlm.server.streams import (
@@ -197,30 +195,6 @@ async def abort_request(body: AbortRequest, request: Request) -> dict[str, Any]:
     targets = list(manager.states) if body.abort_all else [body.rid]
     rids = [rid for target in targets for rid in manager.abort(target)]
     return {"success": True, "aborted": rids}
-
-
-@router.post("/tokenize")
-async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
-    state = server_state(request)
-    check_text("text", body.text)
-    tokens = _tokenizer(state).encode(body.text, add_special_tokens=body.add_special_tokens)
-    return {"tokens": tokens, "count": len(tokens), "max_model_len": state.context_len}
-
-
-@router.post("/detokenize")
-async def detokenize(body: DetokenizeRequest, request: Request) -> dict[str, Any]:
-    state = server_state(request)
-    vocab = state.runtime.backend.info["vocab_size"]
-    if any(t < 0 or t >= vocab for t in body.tokens):
-        raise APIError(400, f"tokens must be token ids in [0, {vocab})", param="tokens")
-    text = _tokenizer(state).decode(body.tokens, skip_special_tokens=body.skip_special_tokens)
-    return {"text": text}
-
-
-def _tokenizer(state: ServerState):
-    if state.tokenizer is None:
-        raise APIError(400, "the server runs with --skip-tokenizer-init and has no tokenizer")
-    return state.tokenizer
 
 
 @router.get("/metrics", responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})

@@ -29,18 +29,6 @@ class GenerateRequest(BaseModel):
     cache_salt: str | None = Field(None, min_length=1, max_length=256)
 
 
-class TokenizeRequest(BaseModel):
-    model_config = Strict
-    text: str
-    add_special_tokens: bool = True
-
-
-class DetokenizeRequest(BaseModel):
-    model_config = Strict
-    tokens: list[int]
-    skip_special_tokens: bool = False
-
-
 class FlushCacheRequest(BaseModel):
     """Which cache tiers ``POST /flush_cache`` empties (default: the in-memory radix tree)."""
 
@@ -251,6 +239,32 @@ class ChatCompletionRequest(SamplingFields):
     continue_final_message: bool = False
     add_generation_prompt: bool | None = None  # None: not when continuing, else yes
     separate_reasoning: bool = True
+
+
+# -- tokenizer routes (SGLang's and vLLM's shapes) ---------------------------------------------
+
+
+class TokenizeRequest(BaseModel):
+    """``POST /tokenize``: ``text`` (SGLang's name), ``prompt`` (vLLM's) or chat ``messages``
+    (rendered through the chat template first, as vLLM does)."""
+
+    model_config = Strict
+    model: str | None = None
+    text: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
+    add_special_tokens: bool | None = None  # None: yes for text, no for messages (vLLM's)
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = Strict
+    model: str | None = None
+    tokens: list[int]
+    skip_special_tokens: bool = False
 
 
 # -- OpenAI Responses -----------------------------------------------------------------------------

@@ -144,6 +144,9 @@ class TextTokenizer:
         text = self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
         return _clean_up(text) if self._clean_up else text
 
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
+        return [self._backend.id_to_token(i) for i in ids]
+
     def apply_chat_template(
         self,
         conversation: list,

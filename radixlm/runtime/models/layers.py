@@ -137,7 +137,9 @@ class RotaryEmbedding(nn.Module):
     the context length up front, so a forward pass only indexes it: no size check, no host sync
     (what a CUDA graph needs)."""
 
-    def __init__(self, config: ModelConfig, theta: float | None = None, scaled: bool = True) -> None:
+    def __init__(
+        self, config: ModelConfig, theta: float | None = None, scaled: bool = True
+    ) -> None:
         super().__init__()
         self.inv_freq, self.attention_factor = rope_inv_freq(config, theta, scaled)
         self._table: tuple[torch.Tensor, torch.Tensor] | None = None

@@ -6,6 +6,7 @@ checkpoint names its tensors) and keeps the rest."""
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterable
 
@@ -147,7 +148,8 @@ class LlamaForCausalLM(nn.Module):
             return f"{prefix}.gate_up_proj", lambda data: data[e].chunk(2)[half]
         for frag, (fused, shard) in self.stacked.items():
             if f".{frag}." in name:
-                return name.replace(frag, fused), lambda data: self._shard_view(data, fused, shard)
+                view = functools.partial(self._shard_view, fused=fused, shard=shard)
+                return name.replace(frag, fused), view
         return name, None
 
     def _shard_view(self, data: torch.Tensor, fused: str, shard: int) -> torch.Tensor:
