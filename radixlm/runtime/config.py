@@ -255,6 +255,10 @@ class ServerArgs:
     # "ngram": greedy requests draft tokens by n-gram lookup in their own tokens and verify
     # them in the step's forward (scheduler/speculative.py). None: off.
     speculative_algorithm: str | None = None
+    # Top alternatives kept with each prompt token's logprob beside its KV, so echo requests
+    # (lm-eval's loglikelihood) reuse a cached prefix's logprobs (mem_cache/logprob_store.py);
+    # asking for more computes the prefix again. 0 keeps the tokens' own logprobs only.
+    cached_top_logprobs: int = 5
     speculative_num_draft_tokens: int = 4
     spec_ngram_max: int = 4
     spec_ngram_min: int = 2
@@ -292,6 +296,10 @@ class ServerArgs:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1 or None, got {value}")
+        if not 0 <= self.cached_top_logprobs <= 20:
+            raise ValueError(
+                f"cached_top_logprobs must be in [0, 20], got {self.cached_top_logprobs}"
+            )
         if not 0.0 < self.mem_fraction_static < 1.0:
             raise ValueError(
                 f"mem_fraction_static must be in (0, 1), got {self.mem_fraction_static}"

@@ -67,6 +67,8 @@ HELP = {
     "kv_disk_cache_size": "byte budget of --kv-disk-cache, e.g. 20GB (least recently used "
     "blocks go first)",
     "kv_disk_block_size": "tokens per block file of --kv-disk-cache",
+    "cached_top_logprobs": "top alternatives kept with each prompt token's logprob beside its KV "
+    "(echo requests reuse them with the prefix; asking for more computes it again)",
     "speculative_algorithm": "ngram: greedy requests draft tokens from the radix tree and their "
     "own n-grams, verified in the same forward pass (same output, fewer steps)",
     "speculative_num_draft_tokens": "most draft tokens per request and step",

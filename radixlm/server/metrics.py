@@ -31,6 +31,13 @@ COUNTERS = {
     "prefix_cache_queries_total": ("queried_tokens", "Prompt tokens looked up in the radix cache."),
     "prefix_cache_hits_total": ("hit_tokens", "Prompt tokens found in the radix cache."),
     "prompt_tokens_total": ("prompt_tokens", "Prompt tokens of finished requests."),
+    "prompt_logprob_cache_hits_total": (
+        "prompt_logprob_hit_tokens", "Prompt logprobs read from the radix cache, not computed.",
+    ),
+    "prompt_logprob_top_n_misses_total": (
+        "prompt_logprob_top_n_misses",
+        "Cached prompt tokens computed again: the request asked for more top logprobs than kept.",
+    ),
     "generation_tokens_total": ("generated_tokens", "Tokens generated."),
     "num_preemptions_total": ("retractions", "Requests retracted to free KV memory."),
 }

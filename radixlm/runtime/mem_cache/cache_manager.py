@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from radixlm.runtime.mem_cache.disk_tier import DiskTier
+from radixlm.runtime.mem_cache.logprob_store import PromptLogprobStore
 from radixlm.runtime.mem_cache.memory_pool import ReqToTokenPool, SlotAllocator
 from radixlm.runtime.mem_cache.radix_cache import RadixCache, TreeNode
 from radixlm.runtime.scheduler.req import Req
@@ -22,11 +23,13 @@ class CacheManager:
         allocator: SlotAllocator,
         tree: RadixCache | None,
         disk: DiskTier | None = None,
+        logprobs: PromptLogprobStore | None = None,
     ) -> None:
         self.req_pool = req_pool
         self.allocator = allocator
         self.tree = tree  # None: radix cache disabled
         self.disk = disk if tree is not None else None  # the tier below the tree
+        self.logprobs = logprobs if tree is not None else None  # prompt logprobs beside the KV
         self.hit_tokens = 0
         self.queried_tokens = 0
 
@@ -36,7 +39,18 @@ class CacheManager:
         """Length of the cached prefix a request would reuse (no locking)."""
         if self.tree is None:
             return 0
-        return len(self.tree.match_prefix(req.cache_key(req.max_match_len)).slots)
+        return self.logprob_cap(req, self.tree.match_prefix(req.cache_key(req.max_match_len)).slots)
+
+    def logprob_cap(self, req: Req, slots: torch.Tensor) -> int:
+        """How much of the match ``slots`` a request may reuse: all of it, unless it wants
+        prompt logprobs. Those need the logits of the position before each token, so the match
+        ends one token before the first whose logprob is not stored with its KV."""
+        if not req.wants_prompt_logprobs:
+            return len(slots)
+        first = max(req.logprob.start_len, 1)
+        if self.logprobs is not None:
+            first = max(first, self.logprobs.covered(slots, first, req.logprob.top_n))
+        return min(len(slots), first - 1)
 
     def admit(self, req: Req) -> bool:
         """Give ``req`` a request slot and its cached prefix. False when no slot is free."""
@@ -49,6 +63,8 @@ class CacheManager:
             slots, node = self.tree.match_prefix(key)
             if self.disk is not None:
                 slots, node = self._restore(key, slots, node)
+            if req.wants_prompt_logprobs:
+                slots, node = self._reuse_logprobs(req, key, slots, node)
             self.tree.lock(node)
             req.node, req.kv_len, req.tree_len = node, len(slots), len(slots)
             self.req_pool.table[slot, : len(slots)] = slots.to(self.req_pool.table.device)
@@ -57,6 +73,24 @@ class CacheManager:
             self.hit_tokens += req.kv_len
             self.queried_tokens += len(req.input_ids)
         return True
+
+    def _reuse_logprobs(
+        self, req: Req, key: list[int], slots: torch.Tensor, node: TreeNode
+    ) -> tuple[torch.Tensor, TreeNode]:
+        """Cut the match ``(slots, node)`` to ``logprob_cap`` and fill ``req``'s prompt
+        logprobs from the store as far as it holds them."""
+        cap = self.logprob_cap(req, slots)
+        lp = req.logprob
+        first = max(lp.start_len, 1)
+        if self.logprobs is not None and cap + 1 > first:  # NOTE: tokens first..cap are stored
+            got = self.logprobs.get(slots[first : cap + 1], lp.top_n)
+            for pos, entry in enumerate(got, start=first):
+                lp.prompt[pos - 1] = entry
+        if cap < len(slots) and self.logprobs is not None:
+            self.logprobs.count_top_n_miss(slots, cap + 1, lp.top_n)
+        if cap == len(slots):
+            return slots, node
+        return self.tree.match_prefix(key[:cap])
 
     def _restore(
         self, key: list[int], slots: torch.Tensor, node: TreeNode
@@ -80,7 +114,23 @@ class CacheManager:
         """``n`` free KV slots, evicting unlocked cache entries if needed; None if impossible."""
         if n > self.allocator.available and self.tree is not None:
             self.allocator.free(self.tree.evict(n - self.allocator.available))
-        return self.allocator.alloc(n)
+        slots = self.allocator.alloc(n)
+        if slots is not None and self.logprobs is not None:
+            self.logprobs.clear(slots)
+        return slots
+
+    def keep_prompt_logprobs(self, req: Req) -> None:
+        """Store the prompt logprobs ``req`` computed beside their tokens' KV (once its prompt
+        is all in the pool)."""
+        lp = req.logprob
+        if self.logprobs is None or not lp.fresh:
+            return
+        positions = sorted(set(lp.fresh))
+        lp.fresh.clear()
+        slots = self.req_pool.table[req.slot, [q + 1 for q in positions]].cpu()
+        entries = [lp.prompt[q] for q in positions]
+        tops = [top for _, top in entries]
+        self.logprobs.put(slots, [v for v, _ in entries], None if None in tops else tops)
 
     def assign(self, req: Req, slots: torch.Tensor) -> None:
         """Record newly allocated slots for the next ``len(slots)`` positions of ``req``."""

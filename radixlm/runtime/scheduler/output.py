@@ -72,8 +72,9 @@ def _compiled(pattern: str) -> re.Pattern:
     return re.compile(pattern)
 
 
-def record_prompt_logprobs(rows: list[LogitRows], logits: torch.Tensor) -> None:
-    """Store the logprob of each prompt token scored in this step (and its top-n)."""
+def record_prompt_logprobs(rows: list[LogitRows], logits: torch.Tensor, keep_top: int = 0) -> None:
+    """Store the logprob of each prompt token scored in this step and its top alternatives:
+    the request's top-n, or ``keep_top`` if more (what the cache keeps for later requests)."""
     wanted = [(info, i) for info in rows for i in range(len(info.prompt_rows))]
     if not wanted:
         return
@@ -81,12 +82,14 @@ def record_prompt_logprobs(rows: list[LogitRows], logits: torch.Tensor) -> None:
     logprobs = torch.log_softmax(logits[index], dim=-1)
     targets = torch.tensor([info.req.fill_ids[info.prompt_positions[i] + 1] for info, i in wanted])
     chosen = logprobs.gather(1, targets[:, None]).squeeze(1).tolist()
-    top_n = max(info.req.logprob.top_n for info, _ in wanted)
-    top = logprobs.topk(top_n, dim=-1) if top_n else None
+    n = max(keep_top, *(info.req.logprob.top_n for info, _ in wanted))
+    top = logprobs.topk(n, dim=-1) if n else None
+    values, ids = (top.values.tolist(), top.indices.tolist()) if n else ([], [])
     for k, (info, i) in enumerate(wanted):
-        n = info.req.logprob.top_n
-        entry = list(zip(top.values[k, :n].tolist(), top.indices[k, :n].tolist())) if n else None
-        info.req.logprob.prompt[info.prompt_positions[i]] = (chosen[k], entry)
+        entry = list(zip(values[k], ids[k])) if n else None
+        lp, q = info.req.logprob, info.prompt_positions[i]
+        lp.prompt[q] = (chosen[k], entry)
+        lp.fresh.append(q)
 
 
 def token_out(req: Req) -> TokenOut:
@@ -134,7 +137,7 @@ def _add_prompt_logprobs(req: Req, meta: OutMeta) -> None:
             continue
         value, top = lp.prompt.get(pos - 1, (None, None))
         entries.append([value, req.input_ids[pos]])
-        tops.append([list(e) for e in top] if top else None)
+        tops.append([list(e) for e in top[: lp.top_n]] if top else None)
     meta.input_token_logprobs = entries
     if lp.top_n:
         meta.input_top_logprobs = tops

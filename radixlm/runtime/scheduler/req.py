@@ -16,7 +16,10 @@ class LogprobState:
 
     start_len: int = -1  # first prompt position to report; -1 = output tokens only
     top_n: int = 0
+    # logits position q -> (logprob of prompt token q + 1, its top alternatives or None); the
+    # alternatives may be more than top_n (what the cache keeps), reported cut to top_n
     prompt: dict[int, tuple[float, list[tuple[float, int]] | None]] = field(default_factory=dict)
+    fresh: list[int] = field(default_factory=list)  # positions of ``prompt`` the model computed
     prompt_sent: bool = False
     output: list[float] = field(default_factory=list)
     output_top: list[list[tuple[float, int]]] = field(default_factory=list)
@@ -103,9 +106,10 @@ class Req:
 
     @property
     def max_match_len(self) -> int:
-        """How much of the prompt may come from the cache: at least one token must be computed,
-        and prompt logprobs need their logits recomputed."""
-        limit = self.seq_len - 1
-        if self.logprob is not None and self.logprob.start_len >= 0:
-            limit = min(limit, max(self.logprob.start_len - 1, 0))
-        return limit
+        """How much of the prompt may come from the cache: at least one token must be computed
+        (prompt logprobs may limit it further: ``CacheManager.logprob_cap``)."""
+        return self.seq_len - 1
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        return self.logprob is not None and self.logprob.start_len >= 0

@@ -16,6 +16,7 @@ from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.mem_cache.cache_manager import CacheManager
 from radixlm.runtime.mem_cache.disk_tier import DiskTier
 from radixlm.runtime.mem_cache.kv_events import KVEventPublisher
+from radixlm.runtime.mem_cache.logprob_store import PromptLogprobStore
 from radixlm.runtime.mem_cache.memory_pool import SlotAllocator
 from radixlm.runtime.mem_cache.radix_cache import RadixCache
 from radixlm.runtime.messages import (
@@ -55,7 +56,10 @@ class Scheduler:
             disk = DiskTier.open(args, self.runner.model_path, self.runner.kv_pool)
             if self.runner.tp is not None:
                 disk.peers = DiskPeers(self.runner.tp)
-        self.cache = CacheManager(self.runner.req_pool, allocator, tree, disk)
+        logprobs = None
+        if tree is not None:
+            logprobs = PromptLogprobStore(allocator.size, args.cached_top_logprobs)
+        self.cache = CacheManager(self.runner.req_pool, allocator, tree, disk, logprobs)
         self.policy = get_policy(args.schedule_policy)
         self.stop = StopChecker(
             self.runner.tokenizer, self.runner.config.eos_token_ids, self.runner.context_len
@@ -221,9 +225,12 @@ class Scheduler:
         logits: torch.Tensor,
         masks: Future | None,
     ) -> None:
-        record_prompt_logprobs(rows, logits)
+        record_prompt_logprobs(rows, logits, self.args.cached_top_logprobs)
         for chunk in plan.chunks:
             chunk.req.kv_len += chunk.num_tokens
+        for info in rows:  # NOTE: a prompt all in the pool: its logprobs go beside its KV
+            if info.sample_row is not None and info.req.wants_prompt_logprobs:
+                self.cache.keep_prompt_logprobs(info.req)
         if sampled:
             self._sample(sampled, logits, masks)
         for chunk, info in zip(plan.chunks, rows):
@@ -310,6 +317,8 @@ class Scheduler:
             "cache_hit_rate": c.hit_rate,
             "hit_tokens": c.hit_tokens,
             "queried_tokens": c.queried_tokens,
+            "prompt_logprob_hit_tokens": c.logprobs.reused_tokens if c.logprobs else 0,
+            "prompt_logprob_top_n_misses": c.logprobs.top_n_misses if c.logprobs else 0,
             "kv_invariant_ok": self.idle_check_ok(),
             "cpu_compile": self.runner.cpu_compile_status,
             "cpu_graphs": graphs.describe() if (graphs := self.runner.cpu_graphs) else None,
