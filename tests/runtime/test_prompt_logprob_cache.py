@@ -106,6 +106,10 @@ def test_a_prefix_cached_without_logprobs_has_its_logprobs_computed(engines):
     got = _score(cached, ids)
     assert got["cached_tokens"] == 0  # NOTE: the first prompt logprob needs position 0's logits
     _same(got, _score(plain, ids))
+    # NOTE: the KV computed again duplicated the tree's: the logprobs went to the tree's slots
+    again = _score(cached, ids)
+    assert again["cached_tokens"] == len(ids) - 2
+    _same(again, got)
 
 
 def test_a_start_past_the_cached_prefix_and_a_salt(engines):

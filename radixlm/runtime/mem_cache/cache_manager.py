@@ -119,14 +119,17 @@ class CacheManager:
             self.logprobs.clear(slots)
         return slots
 
-    def keep_prompt_logprobs(self, req: Req) -> None:
-        """Store the prompt logprobs ``req`` computed beside their tokens' KV (once its prompt
-        is all in the pool)."""
+    def _keep_prompt_logprobs(self, req: Req) -> None:
+        """Store the prompt logprobs ``req`` computed beside their tokens' KV, in the tree's
+        slots (``cache_prefix`` has just put them in the request's row: where another request
+        inserted the same tokens first, ours were duplicates and are gone)."""
         lp = req.logprob
         if self.logprobs is None or not lp.fresh:
             return
-        positions = sorted(set(lp.fresh))
-        lp.fresh.clear()
+        positions = sorted(q for q in set(lp.fresh) if q + 1 < req.tree_len)
+        lp.fresh = [q for q in lp.fresh if q + 1 >= req.tree_len]
+        if not positions:
+            return
         slots = self.req_pool.table[req.slot, [q + 1 for q in positions]].cpu()
         entries = [lp.prompt[q] for q in positions]
         tops = [top for _, top in entries]
@@ -157,6 +160,8 @@ class CacheManager:
         self.tree.lock(node)
         self.tree.unlock(req.node)
         req.node, req.tree_len = node, len(slots)
+        if req.wants_prompt_logprobs:
+            self._keep_prompt_logprobs(req)
 
     def release(self, req: Req) -> None:
         """Finish, abort or retract: cache what was computed, free the rest and the slot."""

@@ -228,9 +228,6 @@ class Scheduler:
         record_prompt_logprobs(rows, logits, self.args.cached_top_logprobs)
         for chunk in plan.chunks:
             chunk.req.kv_len += chunk.num_tokens
-        for info in rows:  # NOTE: a prompt all in the pool: its logprobs go beside its KV
-            if info.sample_row is not None and info.req.wants_prompt_logprobs:
-                self.cache.keep_prompt_logprobs(info.req)
         if sampled:
             self._sample(sampled, logits, masks)
         for chunk, info in zip(plan.chunks, rows):
