@@ -162,7 +162,7 @@ def _attention_scale(d: dict[str, Any]) -> float | None:
     return None
 
 
-SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs", "lof", "random")
+SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs", "lof", "random", "priority")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 LOAD_BALANCE_METHODS = ("cache_aware", "round_robin", "least_load")
@@ -236,6 +236,9 @@ class ServerArgs:
     max_request_bytes: int = 8 * 1024 * 1024  # larger bodies get 413 before they are parsed
     served_model_name: str | None = None
     strict_api: bool = False  # refuse unknown request fields (400) instead of ignoring them
+    # answer requests naming any model (SGLang serves one and ignores the name); by default a
+    # name other than the served one is a 404 (vLLM's and OpenAI's behaviour)
+    ignore_model_name: bool = False
     chat_template: str | None = None
     # None: chosen from the chat template (hermes when it has no tool markup of its own).
     tool_call_parser: str | None = None

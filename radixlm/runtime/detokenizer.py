@@ -54,8 +54,9 @@ class Detokenizer:
     def _delta(self, state: _State, out: TokenOut) -> str:
         full = self.tokenizer.decode(state.ids, skip_special_tokens=out.skip_special_tokens)
         if out.finish is not None:
-            if not out.no_stop_trim and isinstance(out.finish.matched, str):
-                idx = full.find(out.finish.matched)
+            cut = out.finish.trim if out.finish.trim is not None else out.finish.matched
+            if not out.no_stop_trim and isinstance(cut, str):
+                idx = full.find(cut)
                 full = full[:idx] if idx >= 0 else full
         else:
             full = full.rstrip("\ufffd")

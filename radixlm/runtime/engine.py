@@ -57,9 +57,11 @@ class Engine:
         rid: str | list[str] | None = None,
         return_text_in_logprobs: bool = False,
         cache_salt: str | None = None,
+        priority: int = 0,
     ) -> dict | list[dict] | Iterator[dict]:
         """Generate for one prompt (a dict), a batch (a list), or stream one prompt's chunks.
-        ``cache_salt``: share cached prefixes only with requests of the same salt."""
+        ``cache_salt``: share cached prefixes only with requests of the same salt.
+        ``priority`` (with ``schedule_policy="priority"``): lower values are scheduled first."""
         obj = GenerateInput(
             prompt,
             input_ids,
@@ -71,6 +73,7 @@ class Engine:
             top_logprobs_num,
             return_text_in_logprobs,
             cache_salt,
+            priority,
         )
         if stream:
             return self._stream(obj)

@@ -23,6 +23,7 @@ class SingleRequest:
     return_text_in_logprobs: bool = False
     group: str | None = None  # the rid of the ``n`` request this is a sample of
     cache_salt: str | None = None  # shares cached prefixes only with the same salt
+    priority: int = 0  # with the "priority" schedule policy: lower is scheduled first
 
 
 @dataclass
@@ -39,6 +40,7 @@ class GenerateInput:
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
     cache_salt: str | None = None
+    priority: int = 0
 
     @property
     def is_batch(self) -> bool:
@@ -110,4 +112,5 @@ class GenerateInput:
             top_logprobs_num=self.top_logprobs_num,
             return_text_in_logprobs=self.return_text_in_logprobs,
             cache_salt=self.cache_salt,
+            priority=self.priority,
         )

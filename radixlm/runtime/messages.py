@@ -25,14 +25,15 @@ class Finish(msgspec.Struct, frozen=True):
     """Why a request ended. ``to_json`` gives the public (SGLang) ``finish_reason`` object."""
 
     kind: FinishKind
-    matched: int | str | None = None  # STOP: the token id or stop string (None: grammar end)
+    matched: int | str | None = None  # STOP: the token id, stop string or stop_regex pattern
+    trim: str | None = None  # STOP by stop_regex: the text it matched, where the output is cut
     length: int = 0  # LENGTH: tokens generated
     message: str = ""  # ABORT: what happened, for people
     code: ErrorCode | None = None  # ABORT: what happened, for programs
 
     @classmethod
-    def stop(cls, matched: int | str | None) -> Finish:
-        return cls(FinishKind.STOP, matched=matched)
+    def stop(cls, matched: int | str | None, trim: str | None = None) -> Finish:
+        return cls(FinishKind.STOP, matched=matched, trim=trim)
 
     @classmethod
     def length_limit(cls, n: int) -> Finish:
@@ -111,6 +112,7 @@ class GenerateReq(msgspec.Struct, tag=True):
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
     cache_salt: str | None = None
+    priority: int = 0
 
 
 class AbortReq(msgspec.Struct, tag=True):

@@ -175,10 +175,12 @@ class TokenizerManager:
         # NOTE: an implicit max_new_tokens is clamped to the room left; an explicit one must fit
         wanted = params.max_new_tokens if "max_new_tokens" in req.sampling else 1
         if len(ids) + wanted > self.context_len:
-            # NOTE: with the phrases clients match on (vLLM's "maximum context length", SGLang's
+            # NOTE: with the phrases clients match on (SGLang's "Requested token count exceeds
+            # the model's maximum context", vLLM's "maximum context length is", SGLang's
             # "longer than the model's context length"), and our numbers
             raise ValueError(
-                f"This model's maximum context length is {self.context_len} tokens, but "
+                "Requested token count exceeds the model's maximum context length: this "
+                f"model's maximum context length is {self.context_len} tokens, but "
                 f"{len(ids) + wanted} were requested ({len(ids)} in the prompt, {wanted} in "
                 f"max_new_tokens): the input is longer than the model's context length"
             )
@@ -197,6 +199,15 @@ class TokenizerManager:
         salt = req.cache_salt
         if salt is not None and (not isinstance(salt, str) or not 0 < len(salt) <= 256):
             raise ValueError("cache_salt must be a string of 1 to 256 characters")
+        priority = req.priority
+        if not isinstance(priority, int) or not -INT32_MAX - 1 <= priority <= INT32_MAX:
+            raise ValueError(f"priority must be a 32-bit integer, got {priority!r}")
+        if priority and self.args.schedule_policy != "priority":
+            # NOTE: as vLLM: a priority that would be silently ignored is refused
+            raise ValueError(
+                f"priority is set but the schedule policy is {self.args.schedule_policy!r}: "
+                "start the server with --schedule-policy priority"
+            )
         return GenerateReq(
             req.rid,
             list(ids),
@@ -206,6 +217,7 @@ class TokenizerManager:
             start,
             req.top_logprobs_num,
             salt,
+            priority,
         )
 
     async def generate(self, req: SingleRequest) -> AsyncIterator[dict[str, Any]]:

@@ -71,8 +71,11 @@ def _plan_tools(
 ) -> ChatPlan:
     tools = check_tools([t.model_dump() for t in req.tools or []], whitespace)
     choice = req.tool_choice or ("auto" if tools else "none")
+    if choice == "auto" and not tools:
+        choice = "none"  # NOTE: as OpenAI: "auto" with no tools is plain text
     if choice != "none" and not tools:
-        raise ValueError("tool_choice is set but tools is empty: give tools or drop tool_choice")
+        raise ValueError("tool_choice requires a tool but tools is empty: give tools, or send "
+                         "tool_choice 'auto' or 'none'")  # fmt: skip
     if not supports_tools(template):
         parser_name = "hermes"  # NOTE: the built-in tool prompt asks for the hermes format
     parser = get_tool_parser(parser_name or detect_tool_parser(template))

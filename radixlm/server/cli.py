@@ -42,6 +42,8 @@ HELP = {
     "api_keys_file": "API keys, one per line: 'KEY [TENANT]'; each tenant's requests get their "
     "own cache_salt, so tenants never share cached KV",
     "served_model_name": "the model name clients use (default: the model path)",
+    "ignore_model_name": "answer requests whatever model they name, as SGLang does (by default "
+    "a name other than the served one is a 404, as vLLM does)",
     "strict_api": "refuse OpenAI requests with fields the server does not know (400); by "
     "default they are ignored, logged once and named in the x-radixlm-ignored-fields header",
     "chat_template": "Jinja chat template, or a file holding one (default: the model's)",

@@ -280,6 +280,7 @@ async def _chat_frames(call: Call) -> AsyncIterator[str]:
         logprobs = fmt.chat_logprobs(meta, lp_start) if body.logprobs else None
         if not delta and finish is None and not (logprobs and logprobs["content"]):
             continue
+        delta.setdefault("reasoning_content", None)  # NOTE: SGLang's deltas always carry it
         choice = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         if finish is not None:
             choice["matched_stop"] = fmt.matched_stop(meta)

@@ -122,6 +122,7 @@ def completion_input(req: CompletionRequest) -> GenerateInput:
         return_text_in_logprobs=True,
         rid=req.rid,
         cache_salt=req.cache_salt,
+        priority=req.priority,
     )
 
 
@@ -155,6 +156,7 @@ def chat_input(
         return_text_in_logprobs=True,
         rid=req.rid,
         cache_salt=req.cache_salt,
+        priority=req.priority,
     )
 
 

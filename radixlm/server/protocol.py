@@ -27,6 +27,8 @@ class GenerateRequest(BaseModel):
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
     cache_salt: str | None = Field(None, min_length=1, max_length=256)
+    # with --schedule-policy priority: lower values are scheduled first
+    priority: int = Field(0, ge=-(2**31), le=2**31 - 1)
 
 
 class FlushCacheRequest(BaseModel):
@@ -103,6 +105,8 @@ class SamplingFields(BaseModel):
     rid: str | list[str] | None = None  # SGLang's: request ids (one per prompt), for aborts
     # vLLM's: requests share cached prefixes only with requests of the same salt
     cache_salt: str | None = Field(None, min_length=1, max_length=256)
+    # vLLM's, with --schedule-policy priority: lower values are scheduled first
+    priority: int = Field(0, ge=-(2**31), le=2**31 - 1)
     top_k: int | None = None
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)

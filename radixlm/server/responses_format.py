@@ -333,4 +333,6 @@ def usage(meta: dict[str, Any], reasoning_tokens: int) -> dict[str, Any]:
         "output_tokens": output,
         "output_tokens_details": {"reasoning_tokens": min(reasoning_tokens, output)},
         "total_tokens": prompt + output,
+        "prompt_tokens": prompt,  # NOTE: the chat names too, as SGLang's Responses usage has
+        "completion_tokens": output,
     }

@@ -38,7 +38,7 @@ class ServerState:
     def check_model(self, name: str | None) -> None:
         """404 unless ``name`` (when given) names the served model."""
         known = {self.served_model_name, self.model_path, self.args.model_path}
-        if name is not None and name not in known:
+        if name is not None and name not in known and not self.args.ignore_model_name:
             raise APIError(
                 404, f"the model {name!r} does not exist; this server serves "
                 f"{self.served_model_name!r}", param="model", code="model_not_found",

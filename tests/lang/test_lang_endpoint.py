@@ -103,3 +103,20 @@ def test_openai_completion_backend_few_shot_and_select(server_url, openai_model,
     assert remote.get_meta_info("city")["normalized_prompt_logprobs"] == pytest.approx(
         local.get_meta_info("city")["normalized_prompt_logprobs"], abs=1e-3
     )
+
+
+def test_openai_backend_counts_token_usage(server_url, openai_model):
+    """SGLang's ``OpenAI.token_usage``: the tokens of every request the backend sent."""
+    backend = sgl.OpenAI(openai_model, is_chat_model=False, base_url=server_url + "/v1")
+    assert (backend.token_usage.prompt_tokens, backend.token_usage.completion_tokens) == (0, 0)
+    capital_qa.run(country="Japan", temperature=0, backend=backend)
+    first = backend.token_usage.prompt_tokens
+    assert first > 20 and 0 < backend.token_usage.completion_tokens <= 16
+    pick_capital.run(backend=backend)  # select: echo requests count too
+    assert backend.token_usage.prompt_tokens > first
+    backend.token_usage.reset()
+    assert backend.token_usage.prompt_tokens == backend.token_usage.completion_tokens == 0
+
+
+def test_backends_have_sglangs_endpoint(endpoint, smol):
+    assert endpoint.endpoint is endpoint and smol.endpoint is smol

@@ -78,6 +78,8 @@ def test_openai_client_extra_fields_reach_the_server(oai):
     ({"ebnf": "root ::= ("}, "ebnf"),
     ({"guided_grammar": "root ::= undefined"}, "ebnf"),
     ({"response_format": {"type": "json_object"}, "regex": "a"}, "response_format"),
+    ({"priority": 1}, "priority"),  # NOTE: the tiny server's policy is lpm, not priority
+    ({"priority": 2**40}, "priority"),
 ])  # fmt: skip
 def test_known_fields_with_bad_values_are_still_400(tiny_client, body, field):
     r = tiny_client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2, **body})

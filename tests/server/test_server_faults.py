@@ -47,9 +47,11 @@ def wait_idle(client: httpx.Client) -> dict:
 
 @pytest.fixture(scope="module")
 def restricted(tiny_llama):
-    """One running request at most, no queue, an API key, and unknown fields refused."""
+    """One running request at most, no queue, an API key, unknown fields refused and any model
+    name answered."""
     server = launch_server(
         tiny_llama, "--max-total-tokens", "4096", "--api-key", KEY, "--strict-api",
+        "--ignore-model-name",
         "--max-running-requests", "1", "--max-queued-requests", "0",
     )
     yield server
@@ -80,6 +82,12 @@ def test_strict_api_refuses_unknown_fields(restricted):
         client.completions.create(**kw, extra_body={"store": 1})
     assert e.value.body["param"] == "store"
     assert client.completions.create(**kw).choices[0].finish_reason == "length"
+
+
+def test_ignore_model_name_answers_any_model(restricted):
+    client = openai.OpenAI(base_url=f"{restricted.url}/v1", api_key=KEY, max_retries=0)
+    out = client.completions.create(model="meta-llama/Llama-3.1-8B", prompt="hi", max_tokens=1)
+    assert out.model == client.models.list().data[0].id  # NOTE: the served name, as SGLang
 
 
 def test_queue_beyond_limit_is_429_with_retry_after_and_not_ready(restricted):

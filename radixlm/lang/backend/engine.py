@@ -48,6 +48,11 @@ class EngineBackend(GenerateApiBackend):
     def _encode(self, text: str) -> list[int]:
         return self.engine.tokenizer.encode(text)
 
+    @property
+    def endpoint(self) -> EngineBackend:
+        """SGLang's ``Runtime.endpoint`` (the backend a program runs on): this backend."""
+        return self
+
     def flush_cache(self) -> bool:
         return self.engine.flush_cache()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -19,6 +20,21 @@ if TYPE_CHECKING:
     from radixlm.lang.ir import SglSamplingParams
 
 COMPLETION_MODEL_NAMES = ("gpt-3.5-turbo-instruct", "davinci-002", "babbage-002")
+
+
+@dataclasses.dataclass
+class TokenUsage:
+    """Tokens the backend's requests used so far (SGLang's ``OpenAI.token_usage``)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def reset(self) -> None:
+        self.prompt_tokens = self.completion_tokens = 0
+
+    def add(self, usage: Any) -> None:
+        self.prompt_tokens += getattr(usage, "prompt_tokens", 0) or 0
+        self.completion_tokens += getattr(usage, "completion_tokens", 0) or 0
 
 
 class OpenAI(BaseBackend):
@@ -41,6 +57,7 @@ class OpenAI(BaseBackend):
             client_kwargs["api_key"] = "EMPTY"
         self.client = (openai.AzureOpenAI if is_azure else openai.OpenAI)(**client_kwargs)
         self.model_name = model_name
+        self.token_usage = TokenUsage()
         self.is_chat_model = (
             model_name not in COMPLETION_MODEL_NAMES if is_chat_model is None else is_chat_model
         )
@@ -58,6 +75,7 @@ class OpenAI(BaseBackend):
         else:
             ret = self.client.completions.create(**kwargs)
             texts = [c.text for c in ret.choices]
+        self.token_usage.add(getattr(ret, "usage", None))
         meta = _meta(ret)
         return (texts, [meta] * len(texts)) if (sampling_params.n or 1) > 1 else (texts[0], meta)
 
@@ -127,6 +145,7 @@ class OpenAI(BaseBackend):
             )
         except Exception as e:
             raise NotImplementedError(_NO_LOGPROBS + f" (the request failed: {e})") from e
+        self.token_usage.add(getattr(ret, "usage", None))
         ordered = sorted(ret.choices, key=lambda c: c.index)
         return [_span_entries(c.logprobs, start, len(p)) for c, p in zip(ordered, prompts)]
 

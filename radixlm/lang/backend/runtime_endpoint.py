@@ -102,6 +102,11 @@ class RuntimeEndpoint(GenerateApiBackend):
             response = self.client.get("/flush_cache")
         return response.status_code == 200
 
+    @property
+    def endpoint(self) -> RuntimeEndpoint:
+        """As SGLang's ``Runtime.endpoint``, so code written for either reads the same."""
+        return self
+
     def get_server_info(self) -> dict[str, Any]:
         return self._request("GET", "/get_server_info")
 

@@ -36,9 +36,9 @@ class StopChecker:
             if matched is not None:
                 return Finish.stop(matched)
         if p.stop_regex:
-            matched = self._stop_regex(req)
-            if matched is not None:
-                return Finish.stop(matched)
+            hit = self._stop_regex(req)
+            if hit is not None:
+                return Finish.stop(*hit)
         return self._length_limit(req, n)
 
     def _length_limit(self, req: Req, n: int) -> Finish | None:
@@ -53,11 +53,15 @@ class StopChecker:
         hits = [(tail.find(s), s) for s in req.params.stop if s in tail]
         return min(hits)[1] if hits else None
 
-    def _stop_regex(self, req: Req) -> str | None:
-        """The text the earliest-matching ``stop_regex`` matched in the recent output."""
+    def _stop_regex(self, req: Req) -> tuple[str, str] | None:
+        """(pattern, matched text) of the earliest-matching ``stop_regex`` in the recent output:
+        SGLang reports the pattern; the output is cut at the text."""
         tail = self.tokenizer.decode(req.output_ids[-STOP_REGEX_WINDOW:], skip_special_tokens=False)
-        hits = [m for m in (_compiled(p).search(tail) for p in req.params.stop_regex) if m]
-        return min(hits, key=lambda m: m.start()).group(0) if hits else None
+        hits = [(m, p) for p in req.params.stop_regex if (m := _compiled(p).search(tail))]
+        if not hits:
+            return None
+        m, pattern = min(hits, key=lambda h: h[0].start())
+        return pattern, m.group(0)
 
     def banned_ids(self, req: Req) -> list[int]:
         """Stop tokens are not allowed before ``min_new_tokens``."""

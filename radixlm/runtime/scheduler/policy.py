@@ -35,6 +35,13 @@ def fcfs(queue: list[Req], cache: CacheManager) -> list[Req]:
     return sorted(queue, key=lambda r: r.created)
 
 
+@register_policy("priority")
+def by_priority(queue: list[Req], cache: CacheManager) -> list[Req]:
+    """vLLM's: the lowest ``priority`` first, then the earliest (``Scheduler`` also retracts a
+    running request for a waiting one of a lower value)."""
+    return sorted(queue, key=lambda r: (r.priority, r.created))
+
+
 @register_policy("lof")
 def longest_output_first(queue: list[Req], cache: CacheManager) -> list[Req]:
     return sorted(queue, key=lambda r: -r.params.max_new_tokens)

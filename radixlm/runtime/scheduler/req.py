@@ -67,6 +67,7 @@ class Req:
     first_token_time: float | None = None
     retractions: int = 0
     salt: int = 0  # see salt_offset: 0 for requests without a cache_salt
+    priority: int = 0  # the "priority" policy schedules lower values first
     spec: Any = None  # speculative.DraftState once the request has drafted
 
     @property

@@ -89,7 +89,7 @@ class Scheduler:
     def add_request(self, msg: GenerateReq) -> None:
         # NOTE: the tokenizer manager validated the parameters; nothing is parsed again here
         req = Req(msg.rid, list(msg.input_ids), msg.sampling, stream=msg.stream,
-                  salt=salt_offset(msg.cache_salt))  # fmt: skip
+                  salt=salt_offset(msg.cache_salt), priority=msg.priority)  # fmt: skip
         if msg.return_logprob:
             req.logprob = LogprobState(msg.logprob_start_len, msg.top_logprobs_num)
         if not req.input_ids or len(req.input_ids) >= self.runner.context_len:
@@ -177,6 +177,8 @@ class Scheduler:
 
     def _schedule(self) -> StepPlan:
         plan = StepPlan()
+        if self.args.schedule_policy == "priority":
+            self._preempt_for_priority()
         while admission.plan_decodes(self.running, self.cache, plan):
             self._retract(self._victim(self.running))
         # NOTE: on CPU drafting waits for the compiled steps and stops if they failed: an eager
@@ -202,6 +204,17 @@ class Scheduler:
         if not plan.chunks and len(self.running) > 1:
             self._retract(self._victim([r for r in self.running if r.is_prefilling]))
         return plan
+
+    def _preempt_for_priority(self) -> None:
+        """vLLM's priority preemption: while every running place is taken and a request waits
+        with a lower priority value than a running one, the running one with the highest value
+        (the newest of those) goes back to the queue; what it computed stays cached."""
+        while self.waiting and len(self.running) >= self.args.max_running_requests:
+            best = min(self.waiting, key=lambda r: (r.priority, r.created))
+            worst = max(self.running, key=lambda r: (r.priority, r.created))
+            if best.priority >= worst.priority:
+                return
+            self._retract(worst)
 
     def _victim(self, candidates: list[Req]) -> Req:
         """The request with the least progress: fewest outputs, then the longest prompt."""

@@ -74,9 +74,37 @@ def test_outputs_independent_of_cache_and_chunking(tiny_llama, reference, kw):
     assert run(make_scheduler(tiny_llama, **kw), make_requests()) == reference
 
 
-@pytest.mark.parametrize("policy", ["lpm", "dfs-weight", "fcfs", "lof", "random"])
+@pytest.mark.parametrize("policy", ["lpm", "dfs-weight", "fcfs", "lof", "random", "priority"])
 def test_outputs_independent_of_policy(tiny_llama, reference, policy):
     assert run(make_scheduler(tiny_llama, schedule_policy=policy), make_requests()) == reference
+
+
+def test_priority_schedules_lower_values_first_and_preempts(tiny_llama):
+    """Two low-priority requests fill the running places; a high-priority one arriving later
+    retracts one of them, finishes first, and every output is what it is alone."""
+    scheduler = make_scheduler(tiny_llama, schedule_policy="priority", max_running_requests=2)
+    greedy = Sampling(max_new_tokens=40, temperature=0.0, ignore_eos=True)
+    low = [GenerateReq(rid=f"low{i}", input_ids=SHARED[i : i + 20], sampling=greedy, priority=5)
+           for i in range(2)]  # fmt: skip
+    urgent = GenerateReq(rid="urgent", input_ids=SHARED[50:70], priority=-1,
+                         sampling=Sampling(max_new_tokens=8, temperature=0.0, ignore_eos=True))
+    for r in low:
+        scheduler.handle(r)
+    order, outs = [], {}
+    for step in range(500):
+        if step == 3:
+            scheduler.handle(urgent)
+        for o in scheduler.step():
+            outs.setdefault(o.rid, []).extend(o.new_ids)
+            if o.finish is not None:
+                order.append(o.rid)
+        if not scheduler.has_work:
+            break
+    assert order[0] == "urgent" and sorted(order) == ["low0", "low1", "urgent"]
+    assert scheduler.stats.retractions >= 1
+    alone = make_scheduler(tiny_llama, disable_radix_cache=True)
+    assert run(alone, [*low, urgent]) == outs
+    scheduler.cache.check_idle()
 
 
 def test_small_pool_forces_eviction_and_retraction(tiny_llama, reference):

@@ -1,0 +1,47 @@
+"""Where SGLang's own tests expect SGLang's shapes: tool_choice without tools, the Responses
+usage's chat names, the context-length message, reasoning_content in every streamed delta."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
+        "temperature": 0}  # fmt: skip
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/responses"])
+def test_tool_choice_auto_without_tools_is_plain_text(tiny_client, route):
+    body = {**CHAT, "tool_choice": "auto"}
+    if route == "/v1/responses":
+        body = {"model": "tiny", "input": "Hi", "max_output_tokens": 4, "tool_choice": "auto"}
+    r = tiny_client.post(route, json=body)
+    assert r.status_code == 200, r.text
+    r = tiny_client.post(route, json={**body, "tool_choice": "required"})
+    assert r.status_code == 400 and "tool_choice" in r.json()["error"]["message"]
+
+
+def test_responses_usage_has_the_chat_names_too(tiny_client):
+    r = tiny_client.post("/v1/responses", json={"model": "tiny", "input": "Hi",
+                                                 "max_output_tokens": 4}).json()  # fmt: skip
+    usage = r["usage"]
+    assert usage["prompt_tokens"] == usage["input_tokens"] > 0
+    assert usage["completion_tokens"] == usage["output_tokens"] > 0
+
+
+def test_context_length_message_reads_as_sglangs(tiny_client):
+    r = tiny_client.post("/v1/completions", json={"model": "tiny", "prompt": "word " * 1100,
+                                                   "max_tokens": 8})  # fmt: skip
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["message"].startswith("Requested token count exceeds the model's maximum context")
+    assert error["code"] == "context_length_exceeded"
+
+
+def test_every_streamed_chat_delta_has_reasoning_content(tiny_client):
+    with tiny_client.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as r:
+        frames = [json.loads(x[6:]) for x in r.iter_lines() if x.startswith("data: {")]
+    deltas = [c["delta"] for f in frames for c in f["choices"]][1:]  # after the role chunk
+    assert deltas and all("reasoning_content" in d for d in deltas)
+    assert all(d["reasoning_content"] is None for d in deltas)  # the tiny model has no parser
