@@ -265,6 +265,13 @@ class ServerArgs:
     speculative_num_draft_tokens: int = 4
     spec_ngram_max: int = 4
     spec_ngram_min: int = 2
+    # LoRA adapters (peft directories) served over the base model (runtime/lora/): "NAME=DIR"
+    # (or a dict); more load at run time with enable_lora. max_loras bounds those held in
+    # memory (least recently used idle ones are evicted), max_lora_rank their rank.
+    lora_paths: tuple[str, ...] = ()
+    enable_lora: bool = False
+    max_loras: int = 4
+    max_lora_rank: int = 16
 
     def __post_init__(self) -> None:
         _check_choice("dtype", self.dtype, DTYPES)
@@ -321,6 +328,47 @@ class ServerArgs:
             )
         if self.kv_disk_cache is not None:
             self._check_disk_cache()
+        self._check_lora()
+
+    def _check_lora(self) -> None:
+        paths = self.lora_paths
+        if isinstance(paths, dict):
+            paths = [f"{name}={path}" for name, path in paths.items()]
+        elif isinstance(paths, str):
+            paths = [paths]
+        object.__setattr__(self, "lora_paths", tuple(paths or ()))
+        for name in ("max_loras", "max_lora_rank"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        adapters = self.lora_adapters  # NOTE: checks each entry's form
+        if len(adapters) > self.max_loras:
+            raise ValueError(
+                f"lora_paths names {len(adapters)} adapters, more than max_loras "
+                f"{self.max_loras} can hold"
+            )
+        if self.lora_enabled and (self.tp_size > 1 or self.dp_size > 1):
+            raise ValueError("LoRA adapters run with tp_size 1 and dp_size 1")
+
+    @property
+    def lora_enabled(self) -> bool:
+        return self.enable_lora or bool(self.lora_paths)
+
+    @property
+    def lora_adapters(self) -> dict[str, str]:
+        """``lora_paths`` as name -> directory (a bare directory is named by its base name)."""
+        out: dict[str, str] = {}
+        for entry in self.lora_paths:
+            if not isinstance(entry, str) or not entry.strip("="):
+                raise ValueError(f"lora_paths entries are NAME=DIR, got {entry!r}")
+            name, sep, path = entry.partition("=")
+            if not sep:
+                name, path = os.path.basename(os.path.normpath(entry)), entry
+            if not name or not path:
+                raise ValueError(f"lora_paths entries are NAME=DIR, got {entry!r}")
+            if name in out:
+                raise ValueError(f"lora_paths names adapter {name!r} twice")
+            out[name] = path
+        return out
 
     def _check_disk_cache(self) -> None:
         if self.disable_radix_cache:

@@ -58,10 +58,13 @@ class Engine:
         return_text_in_logprobs: bool = False,
         cache_salt: str | None = None,
         priority: int = 0,
+        lora_path: str | list[str | None] | None = None,
     ) -> dict | list[dict] | Iterator[dict]:
         """Generate for one prompt (a dict), a batch (a list), or stream one prompt's chunks.
         ``cache_salt``: share cached prefixes only with requests of the same salt.
-        ``priority`` (with ``schedule_policy="priority"``): lower values are scheduled first."""
+        ``priority`` (with ``schedule_policy="priority"``): lower values are scheduled first.
+        ``lora_path``: the name of a loaded LoRA adapter (or one per prompt; None: the base
+        model)."""
         obj = GenerateInput(
             prompt,
             input_ids,
@@ -74,6 +77,7 @@ class Engine:
             return_text_in_logprobs,
             cache_salt,
             priority,
+            lora_path,
         )
         if stream:
             return self._stream(obj)
@@ -138,6 +142,15 @@ class Engine:
 
     def flush_cache(self) -> bool:
         return self._call(self.runtime.flush_cache())
+
+    def load_lora_adapter(self, lora_name: str, lora_path: str) -> None:
+        """Serve the peft adapter at ``lora_path`` as ``lora_name`` (ValueError naming what is
+        wrong with it); needs ``enable_lora=True`` or ``lora_paths``."""
+        self._call(self.runtime.manager.load_lora(lora_name, lora_path))
+
+    def unload_lora_adapter(self, lora_name: str) -> None:
+        """Stop serving ``lora_name``: new requests cannot name it, running ones finish."""
+        self._call(self.runtime.manager.unload_lora(lora_name))
 
     def get_server_info(self) -> dict:
         return self._call(self.runtime.server_info())

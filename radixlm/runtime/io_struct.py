@@ -24,6 +24,7 @@ class SingleRequest:
     group: str | None = None  # the rid of the ``n`` request this is a sample of
     cache_salt: str | None = None  # shares cached prefixes only with the same salt
     priority: int = 0  # with the "priority" schedule policy: lower is scheduled first
+    lora_name: str | None = None  # a loaded LoRA adapter; None: the base model
 
 
 @dataclass
@@ -41,6 +42,7 @@ class GenerateInput:
     return_text_in_logprobs: bool = False
     cache_salt: str | None = None
     priority: int = 0
+    lora_path: str | list[str | None] | None = None  # SGLang's name: an adapter per prompt
 
     @property
     def is_batch(self) -> bool:
@@ -55,8 +57,9 @@ class GenerateInput:
         prompts = self._prompts()
         params = self._per_prompt(self.sampling_params, len(prompts), "sampling_params", dict)
         rids = self._per_prompt(self.rid, len(prompts), "rid", str)
+        loras = self._per_prompt(self.lora_path, len(prompts), "lora_path", str)
         out = []
-        for prompt, p, rid in zip(prompts, params, rids):
+        for prompt, p, rid, lora in zip(prompts, params, rids, loras):
             p = dict(p or {})
             n = p.pop("n", None)
             n = 1 if n is None else n
@@ -69,6 +72,7 @@ class GenerateInput:
                     sp["sampling_seed"] = sp.pop("sampling_seed", sp.pop("seed", 0)) + i
                 single = self._single(prompt, sp, rid if n == 1 else f"{rid}-{i}")
                 single.group = rid if n > 1 else None
+                single.lora_name = lora
                 out.append(single)
         if len({r.rid for r in out}) < len(out):
             raise ValueError("rid must name each prompt once: give a list of distinct rids")

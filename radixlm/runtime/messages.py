@@ -113,6 +113,7 @@ class GenerateReq(msgspec.Struct, tag=True):
     top_logprobs_num: int = 0
     cache_salt: str | None = None
     priority: int = 0
+    lora_name: str | None = None  # a registered LoRA adapter; None: the base model
 
 
 class AbortReq(msgspec.Struct, tag=True):
@@ -120,9 +121,10 @@ class AbortReq(msgspec.Struct, tag=True):
 
 
 class ControlReq(msgspec.Struct, tag=True):
-    """flush_cache | flush_disk_cache | pin_prefix | stats | ping: answered by a ControlOut
-    with the same ``cid``. ``data``: the arguments of ``pin_prefix`` (``input_ids``,
-    ``cache_salt``)."""
+    """flush_cache | flush_disk_cache | pin_prefix | load_lora_adapter | unload_lora_adapter |
+    stats | ping: answered by a ControlOut with the same ``cid``. ``data``: the arguments of
+    ``pin_prefix`` (``input_ids``, ``cache_salt``) and of the LoRA ones (``lora_name``,
+    ``lora_path``)."""
 
     cid: str
     kind: str

@@ -127,6 +127,8 @@ class TokenizerManager:
         self.tokenizer = tokenizer
         self.info = info
         self.context_len: int = info["context_len"]
+        names = info.get("lora_adapters")  # NOTE: None: LoRA is off
+        self.lora_names: set[str] | None = None if names is None else set(names)
         self.ctx = zmq.asyncio.Context()
         self.to_scheduler = self.ctx.socket(zmq.PUSH)
         self.to_scheduler.setsockopt(zmq.LINGER, 0)
@@ -208,6 +210,7 @@ class TokenizerManager:
                 f"priority is set but the schedule policy is {self.args.schedule_policy!r}: "
                 "start the server with --schedule-policy priority"
             )
+        self.check_lora(req.lora_name)
         return GenerateReq(
             req.rid,
             list(ids),
@@ -218,7 +221,33 @@ class TokenizerManager:
             req.top_logprobs_num,
             salt,
             priority,
+            req.lora_name,
         )
+
+    def check_lora(self, name: str | None) -> None:
+        """ValueError unless ``name`` (when given) is a loaded LoRA adapter."""
+        if name is None:
+            return
+        if self.lora_names is None:
+            raise ValueError(f"lora_path {name!r}: this server serves no LoRA adapters (start "
+                             "it with --lora-paths or --enable-lora)")  # fmt: skip
+        if not isinstance(name, str) or name not in self.lora_names:
+            raise ValueError(f"lora_path {name!r} is not a loaded LoRA adapter (loaded: "
+                             f"{sorted(self.lora_names)})")  # fmt: skip
+
+    async def load_lora(self, name: str, path: str) -> None:
+        """Register an adapter with the scheduler; ValueError naming what is wrong."""
+        await self._lora_control("load_lora_adapter", {"lora_name": name, "lora_path": path})
+
+    async def unload_lora(self, name: str) -> None:
+        await self._lora_control("unload_lora_adapter", {"lora_name": name})
+
+    async def _lora_control(self, kind: str, data: dict) -> None:
+        # NOTE: reading an adapter takes the scheduler's time between two steps only
+        out = await self.control(kind, data=data)
+        if not out.ok:
+            raise ValueError(out.data.get("message", f"{kind} failed"))
+        self.lora_names = set(out.data["lora_adapters"])
 
     async def generate(self, req: SingleRequest) -> AsyncIterator[dict[str, Any]]:
         """Yield the response so far after each update (``text`` cumulative); the last one has a

@@ -74,6 +74,13 @@ HELP = {
     "speculative_algorithm": "ngram: greedy requests draft tokens from the radix tree and their "
     "own n-grams, verified in the same forward pass (same output, fewer steps)",
     "speculative_num_draft_tokens": "most draft tokens per request and step",
+    "lora_paths": "LoRA adapters (peft directories) to serve over the base model, as NAME=DIR "
+    "(a request names one by model or lora_path)",
+    "enable_lora": "serve LoRA adapters loaded at run time (POST /load_lora_adapter) even "
+    "with no --lora-paths",
+    "max_loras": "LoRA adapters held in memory at once (idle ones are evicted least recently "
+    "used first and read again when next requested)",
+    "max_lora_rank": "the largest LoRA rank an adapter may have",
     "spec_ngram_max": "longest suffix looked up for an n-gram draft",
     "spec_ngram_min": "shortest suffix looked up for an n-gram draft",
     "num_threads": "torch threads of the scheduler and of each tensor-parallel rank (default: "
@@ -101,6 +108,10 @@ def build_parser(prog: str = "radixlm serve") -> argparse.ArgumentParser:
         kind = str(f.type)
         if kind == "bool":
             parser.add_argument(flag, action="store_true", default=getattr(defaults, f.name),
+                                help=HELP.get(f.name))  # fmt: skip
+            continue
+        if kind.startswith("tuple"):
+            parser.add_argument(flag, nargs="*", default=getattr(defaults, f.name),
                                 help=HELP.get(f.name))  # fmt: skip
             continue
         parse = int if "int" in kind else float if "float" in kind else str

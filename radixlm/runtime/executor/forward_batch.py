@@ -28,6 +28,7 @@ class ForwardBatch:
     extend_lens_list: list[int] = field(default_factory=list)
     seq_lens_list: list[int] = field(default_factory=list)
     attn_meta: Any = None  # filled by the attention backend's prepare()
+    lora_slots: list[int] | None = None  # [B] each request's LoRA slot (-1: base); None: none
 
     @property
     def batch_size(self) -> int:

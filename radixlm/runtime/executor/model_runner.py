@@ -19,6 +19,7 @@ from radixlm.runtime.executor.attention.base import create_attention_backend
 from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.loader.loader import load_model, resolve_dtype
+from radixlm.runtime.lora.manager import LoraManager
 from radixlm.runtime.mem_cache.memory_pool import KVPool, ReqToTokenPool
 from radixlm.runtime.models.gguf_quant import Segment
 from radixlm.runtime.models.layers import RotaryEmbedding
@@ -62,6 +63,7 @@ class ModelRunner:
         cpu_alone = self.device.type == "cpu" and self.tp is None
         self.step_threads = step_threads if cpu_alone else None
         self._load(args)
+        self.lora = self._install_lora(args)
         c = self.config
         num_heads, num_kv_heads = local_heads(c, rank.tp_size)
         self.max_total_tokens = self._kv_size(args, num_kv_heads)
@@ -170,12 +172,27 @@ class ModelRunner:
         threads_now = None
         if steps is not None:
             threads_now = steps.for_step(len(batch.input_ids), len(batch.extend_lens_list))
+        if batch.lora_slots is not None:  # NOTE: the compiled steps know the base model only
+            self.backend.prepare(batch)
+            with self.lora.activate(batch):
+                return self.model(batch, self.backend)
         if self.graph_runner is not None and self.graph_runner.can_run(batch):
             return self.graph_runner.forward(batch)
         if self.cpu_graphs is not None and self.cpu_graphs.can_run(batch, threads_now):
             return self.cpu_graphs.forward(batch, threads_now)
         self.backend.prepare(batch)
         return self.model(batch, self.backend)
+
+    def _install_lora(self, args: ServerArgs) -> LoraManager | None:
+        """The LoRA hooks and stacks, with ``lora_paths``' adapters registered (a bad one
+        stops the start with its ValueError)."""
+        if not args.lora_enabled:
+            return None
+        lora = LoraManager(self.model, args.max_loras, args.max_lora_rank, self.dtype, self.device)
+        for name, path in args.lora_adapters.items():
+            lora.register(name, path)
+        self._phase("lora")
+        return lora
 
     def _capture_graphs(self, args: ServerArgs) -> CudaGraphRunner | None:
         """CUDA graphs for decode batches, on CUDA with a backend that supports them."""

@@ -25,13 +25,17 @@ class LogprobState:
     output_top: list[list[tuple[float, int]]] = field(default_factory=list)
 
 
-def salt_offset(cache_salt: str | None) -> int:
+def salt_offset(cache_salt: str | None, lora_key: str | None = None) -> int:
     """What a ``cache_salt`` adds to every token id of a tree key: a multiple of 2**32 (token
     ids are below it) from a 30-bit hash of the salt, so that salted keys still fit the int64
-    the wire, the KV events and the disk tier carry them in."""
-    if cache_salt is None:
+    the wire, the KV events and the disk tier carry them in. A LoRA adapter's key is part of
+    the salt: KV computed under one adapter is never reused under another or the base."""
+    if cache_salt is None and lora_key is None:
         return 0
-    h = hashlib.blake2b(cache_salt.encode("utf-8", "surrogatepass"), digest_size=4).digest()
+    text = cache_salt or ""
+    if lora_key is not None:
+        text = f"{text}\x1elora\x1e{lora_key}"
+    h = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=4).digest()
     return ((int.from_bytes(h, "little") & (2**30 - 1)) + 1) << 32
 
 
@@ -68,6 +72,7 @@ class Req:
     retractions: int = 0
     salt: int = 0  # see salt_offset: 0 for requests without a cache_salt
     priority: int = 0  # the "priority" policy schedules lower values first
+    lora: Any = None  # lora.manager.AdapterRef; None: the base model
     spec: Any = None  # speculative.DraftState once the request has drafted
 
     @property

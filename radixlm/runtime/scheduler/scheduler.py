@@ -88,11 +88,16 @@ class Scheduler:
 
     def add_request(self, msg: GenerateReq) -> None:
         # NOTE: the tokenizer manager validated the parameters; nothing is parsed again here
+        lora = self._adapter(msg.lora_name)
         req = Req(msg.rid, list(msg.input_ids), msg.sampling, stream=msg.stream,
-                  salt=salt_offset(msg.cache_salt), priority=msg.priority)  # fmt: skip
+                  salt=salt_offset(msg.cache_salt, lora.key if lora else None),
+                  priority=msg.priority, lora=lora)  # fmt: skip
         if msg.return_logprob:
             req.logprob = LogprobState(msg.logprob_start_len, msg.top_logprobs_num)
-        if not req.input_ids or len(req.input_ids) >= self.runner.context_len:
+        if msg.lora_name is not None and lora is None:
+            self._finish_now(req, ErrorCode.INVALID_REQUEST,
+                             f"LoRA adapter {msg.lora_name!r} is not loaded")  # fmt: skip
+        elif not req.input_ids or len(req.input_ids) >= self.runner.context_len:
             self._finish_now(
                 req,
                 ErrorCode.INVALID_REQUEST,
@@ -103,6 +108,10 @@ class Scheduler:
             self.grammars.add(req)
         else:
             self.waiting.append(req)
+
+    def _adapter(self, name: str | None):
+        lora = self.runner.lora
+        return None if name is None or lora is None else lora.registry.get(name)
 
     def abort(self, rid: str) -> None:
         for queue in (self.waiting, self.grammars.pending):
@@ -137,6 +146,29 @@ class Scheduler:
             self.cache.disk.clear()
         return True, {}
 
+    def _load_lora(self, data: dict) -> tuple[bool, dict]:
+        lora = self.runner.lora
+        if lora is None:
+            return False, {"message": "LoRA is off: start with --enable-lora or --lora-paths"}
+        try:
+            lora.register(data.get("lora_name"), data.get("lora_path"), self._adapters_in_use())
+        except ValueError as e:
+            return False, {"message": str(e)}
+        return True, {"lora_adapters": lora.names}
+
+    def _unload_lora(self, data: dict) -> tuple[bool, dict]:
+        lora = self.runner.lora
+        if lora is None:
+            return False, {"message": "LoRA is off: start with --enable-lora or --lora-paths"}
+        try:
+            lora.unregister(data.get("lora_name"))
+        except ValueError as e:
+            return False, {"message": str(e)}
+        return True, {"lora_adapters": lora.names}
+
+    def _adapters_in_use(self) -> set[str]:
+        return {r.lora.key for r in self.running if r.lora is not None}
+
     def _pin_prefix(self, data: dict) -> tuple[bool, dict]:
         if self.cache.disk is None:
             return False, {"message": "pinning needs --kv-disk-cache"}
@@ -155,6 +187,8 @@ class Scheduler:
         plan = self._schedule()
         if plan.chunks:
             batch, rows = build_batch(plan, self.cache)
+            if self.runner.lora is not None:
+                batch.lora_slots = self._lora_slots(plan)
             sampled = [info for info in rows if info.sample_row is not None]
             # NOTE: grammar masks are filled on a thread while the forward runs, one row per
             # generating request in _sample's order.
@@ -167,6 +201,12 @@ class Scheduler:
             self._postprocess(plan, rows, sampled, logits, masks)
         out, self.outbox = self.outbox, []
         return out
+
+    def _lora_slots(self, plan: StepPlan) -> list[int] | None:
+        """Each chunk's adapter slot (-1: the base model); None when no chunk has one."""
+        lora = self.runner.lora
+        slots = [-1 if c.req.lora is None else lora.slot_of(c.req.lora) for c in plan.chunks]
+        return slots if any(s >= 0 for s in slots) else None
 
     def _time_prefill(self, tokens: int, logits: torch.Tensor, start: float) -> None:
         costs = self.cache.disk.costs
@@ -194,7 +234,8 @@ class Scheduler:
         )
         # NOTE: ordering matches every waiting prompt against the tree; skip it when full.
         room = len(self.running) < self.args.max_running_requests
-        ordered = self.policy(self.waiting, self.cache) if self.waiting and room else []
+        candidates = self._resident(self.waiting) if self.runner.lora and room else self.waiting
+        ordered = self.policy(candidates, self.cache) if candidates and room else []
         admission.plan_prefills(self.running, ordered, self.cache, budget, plan)
         for req in plan.admitted:
             self.waiting.remove(req)
@@ -204,6 +245,21 @@ class Scheduler:
         if not plan.chunks and len(self.running) > 1:
             self._retract(self._victim([r for r in self.running if r.is_prefilling]))
         return plan
+
+    def _resident(self, waiting: list[Req]) -> list[Req]:
+        """The waiting requests whose adapter is (made) resident: those of an adapter no slot
+        can take while the running requests hold every slot wait; an adapter whose directory
+        can no longer be read fails its requests."""
+        in_use, ready = self._adapters_in_use(), []
+        for req in list(waiting):
+            try:
+                if req.lora is None or self.runner.lora.ensure(req.lora, in_use):
+                    ready.append(req)
+                    in_use |= {req.lora.key} if req.lora else set()
+            except ValueError as e:
+                waiting.remove(req)
+                self._finish_now(req, ErrorCode.INVALID_REQUEST, str(e))
+        return ready
 
     def _preempt_for_priority(self) -> None:
         """vLLM's priority preemption: while every running place is taken and a request waits
@@ -332,6 +388,7 @@ class Scheduler:
             "kv_invariant_ok": self.idle_check_ok(),
             "cpu_compile": self.runner.cpu_compile_status,
             "cpu_graphs": graphs.describe() if (graphs := self.runner.cpu_graphs) else None,
+            "lora": lora.describe() if (lora := self.runner.lora) else None,
             **self.stats.as_dict(),
             **(c.disk.stats() if c.disk is not None else {}),
             **(self.spec.stats.as_dict() if self.spec is not None else {}),
@@ -374,6 +431,8 @@ _CONTROLS: dict[str, Callable[[Scheduler, dict], tuple[bool, dict]]] = {
     "flush_cache": Scheduler._flush_memory,
     "flush_disk_cache": Scheduler._flush_disk,
     "pin_prefix": Scheduler._pin_prefix,
+    "load_lora_adapter": Scheduler._load_lora,
+    "unload_lora_adapter": Scheduler._unload_lora,
     "tree": lambda s, data: (True, s.tree_view(data.get("max_nodes", 200))),
     "stats": lambda s, _: (True, s.stats_dict()),
     "ping": lambda s, _: (True, {}),
