@@ -118,7 +118,7 @@ class Runtime:
                 "server": rss_bytes(os.getpid()),
             },
             "stats": stats,
-            "lora_adapters": None if (names := self.manager.lora_names) is None else sorted(names),
+            "lora_adapters": self.manager.loras,
         }
 
     async def close(self) -> None:

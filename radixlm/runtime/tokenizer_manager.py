@@ -127,8 +127,8 @@ class TokenizerManager:
         self.tokenizer = tokenizer
         self.info = info
         self.context_len: int = info["context_len"]
-        names = info.get("lora_adapters")  # NOTE: None: LoRA is off
-        self.lora_names: set[str] | None = None if names is None else set(names)
+        # NOTE: the LoRA adapters served, name -> directory; None: LoRA is off
+        self.loras: dict[str, str] | None = info.get("lora_adapters")
         self.ctx = zmq.asyncio.Context()
         self.to_scheduler = self.ctx.socket(zmq.PUSH)
         self.to_scheduler.setsockopt(zmq.LINGER, 0)
@@ -228,12 +228,12 @@ class TokenizerManager:
         """ValueError unless ``name`` (when given) is a loaded LoRA adapter."""
         if name is None:
             return
-        if self.lora_names is None:
+        if self.loras is None:
             raise ValueError(f"lora_path {name!r}: this server serves no LoRA adapters (start "
                              "it with --lora-paths or --enable-lora)")  # fmt: skip
-        if not isinstance(name, str) or name not in self.lora_names:
+        if not isinstance(name, str) or name not in self.loras:
             raise ValueError(f"lora_path {name!r} is not a loaded LoRA adapter (loaded: "
-                             f"{sorted(self.lora_names)})")  # fmt: skip
+                             f"{sorted(self.loras)})")  # fmt: skip
 
     async def load_lora(self, name: str, path: str) -> None:
         """Register an adapter with the scheduler; ValueError naming what is wrong."""
@@ -247,7 +247,7 @@ class TokenizerManager:
         out = await self.control(kind, data=data)
         if not out.ok:
             raise ValueError(out.data.get("message", f"{kind} failed"))
-        self.lora_names = set(out.data["lora_adapters"])
+        self.loras = dict(out.data["lora_adapters"])
 
     async def generate(self, req: SingleRequest) -> AsyncIterator[dict[str, Any]]:
         """Yield the response so far after each update (``text`` cumulative); the last one has a

@@ -43,6 +43,7 @@ class Call:
     reqs: list[SingleRequest]
     kind: str
     plan: ChatPlan
+    lora: str | None = None  # the LoRA adapter the request's model names
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -52,7 +53,7 @@ class Call:
             "id": f"{prefix}-{self.id}",
             "object": obj,
             "created": self.created,
-            "model": self.state.served_model_name,
+            "model": self.lora or self.state.served_model_name,
             "choices": choices,
         }
 
@@ -63,16 +64,18 @@ class Call:
 
 @router.get("/models")
 async def list_models(request: Request) -> dict[str, Any]:
-    """The one model this server serves."""
-    return {"object": "list", "data": [_model_card(server_state(request))]}
+    """The model this server serves and its LoRA adapters (with the model as their parent)."""
+    state = server_state(request)
+    loras = state.runtime.manager.loras or {}
+    return {"object": "list", "data": [_model_card(state)] + [_lora_card(state, n) for n in loras]}
 
 
 @router.get("/models/{model:path}")
 async def retrieve_model(model: str, request: Request) -> dict[str, Any]:
     """The model ``model`` (404 unless it is the one served)."""
     state = server_state(request)
-    state.check_model(model)
-    return _model_card(state)
+    lora = state.check_model(model)
+    return _model_card(state) if lora is None else _lora_card(state, lora)
 
 
 def _model_card(state: ServerState) -> dict[str, Any]:
@@ -84,6 +87,11 @@ def _model_card(state: ServerState) -> dict[str, Any]:
         "root": state.model_path,
         "max_model_len": state.context_len,
     }
+
+
+def _lora_card(state: ServerState, name: str) -> dict[str, Any]:
+    return {**_model_card(state), "id": name, "root": state.runtime.manager.loras[name],
+            "parent": state.served_model_name}  # fmt: skip
 
 
 @router.post("/completions", responses=STREAM_RESPONSE)
@@ -155,7 +163,7 @@ def _start(
     plan: ChatPlan | None = None,
 ) -> Call:
     state = server_state(request)
-    state.check_model(body.model)
+    lora = state.check_model(body.model)
     if state.tokenizer is None:
         # NOTE: completions answer in text, which needs a tokenizer; /generate returns the ids.
         raise ValueError(
@@ -163,7 +171,10 @@ def _start(
             "--skip-tokenizer-init; POST input_ids to /generate, which returns output_ids"
         )
     obj.cache_salt = tenant_salt(request, obj.cache_salt)
-    return Call(state, body, obj.split(), kind, plan or ChatPlan())
+    reqs = obj.split()
+    for req in reqs:
+        req.lora_name = lora
+    return Call(state, body, reqs, kind, plan or ChatPlan(), lora)
 
 
 async def finished(request: Request, call: Call) -> list[dict]:

@@ -29,6 +29,21 @@ class GenerateRequest(BaseModel):
     cache_salt: str | None = Field(None, min_length=1, max_length=256)
     # with --schedule-policy priority: lower values are scheduled first
     priority: int = Field(0, ge=-(2**31), le=2**31 - 1)
+    # SGLang's: the LoRA adapter (by name) of the prompt, or one per prompt
+    lora_path: str | list[str | None] | None = None
+
+
+class LoadLoraRequest(BaseModel):
+    """``POST /load_lora_adapter`` (vLLM's and SGLang's route): a peft adapter directory."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)  # NOTE: vLLM's load_inplace, ...
+    lora_name: str = Field(min_length=1, max_length=256)
+    lora_path: str = Field(min_length=1)
+
+
+class UnloadLoraRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    lora_name: str = Field(min_length=1, max_length=256)
 
 
 class FlushCacheRequest(BaseModel):

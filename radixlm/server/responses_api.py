@@ -75,7 +75,7 @@ class _Reply:
             spent = len(tokenizer.encode(self.reasoning, add_special_tokens=False))
             usage = rf.usage(meta, spent if self.reasoning else 0)
         return rf.response_object(
-            self.body, self.id, self.created, self.call.state.served_model_name,
+            self.body, self.id, self.created, self.call.lora or self.call.state.served_model_name,
             self.items.items, self.status, usage,
         )
 

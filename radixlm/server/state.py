@@ -35,14 +35,21 @@ class ServerState:
     def context_len(self) -> int:
         return self.runtime.backend.info["context_len"]
 
-    def check_model(self, name: str | None) -> None:
-        """404 unless ``name`` (when given) names the served model."""
+    def check_model(self, name: str | None) -> str | None:
+        """The LoRA adapter ``name`` names, else None: 404 unless it (when given) names the
+        served model or one of its adapters."""
+        loras = self.runtime.manager.loras or {}
+        if name in loras:
+            return name
         known = {self.served_model_name, self.model_path, self.args.model_path}
         if name is not None and name not in known and not self.args.ignore_model_name:
             raise APIError(
                 404, f"the model {name!r} does not exist; this server serves "
-                f"{self.served_model_name!r}", param="model", code="model_not_found",
-            )
+                f"{self.served_model_name!r}" + (f" and LoRA adapters {sorted(loras)}" if loras
+                                                   else ""),
+                param="model", code="model_not_found",
+            )  # fmt: skip
+        return None
 
 
 def served_name(args: ServerArgs, model_path: str) -> str:

@@ -145,8 +145,9 @@ class LoraManager:
         logger.info("LoRA adapter %r unloaded", name)
 
     @property
-    def names(self) -> list[str]:
-        return sorted(self.registry)
+    def paths(self) -> dict[str, str]:
+        """Every registered adapter's directory, by name."""
+        return {name: ref.path for name, ref in sorted(self.registry.items())}
 
     # -- residency -------------------------------------------------------------------------------
 
@@ -207,7 +208,7 @@ class LoraManager:
 
     def describe(self) -> dict:
         return {
-            "adapters": {ref.name: ref.path for ref in self.registry.values()},
+            "adapters": self.paths,
             "resident": [ref.name if ref else None for ref in self.slots],
             "max_loras": self.max_loras,
             "max_lora_rank": self.max_rank,

@@ -86,7 +86,7 @@ def model_info(scheduler: Scheduler) -> dict:
         "weight_bytes_by_type": bytes_by_type(r.model),
         "big_step_threads": r.step_threads.big if r.step_threads else None,
         "cpu_compile": r.cpu_compile_status,
-        "lora_adapters": r.lora.names if r.lora is not None else None,
+        "lora_adapters": r.lora.paths if r.lora is not None else None,
     }
 
 

@@ -154,7 +154,7 @@ class Scheduler:
             lora.register(data.get("lora_name"), data.get("lora_path"), self._adapters_in_use())
         except ValueError as e:
             return False, {"message": str(e)}
-        return True, {"lora_adapters": lora.names}
+        return True, {"lora_adapters": lora.paths}
 
     def _unload_lora(self, data: dict) -> tuple[bool, dict]:
         lora = self.runner.lora
@@ -164,7 +164,7 @@ class Scheduler:
             lora.unregister(data.get("lora_name"))
         except ValueError as e:
             return False, {"message": str(e)}
-        return True, {"lora_adapters": lora.names}
+        return True, {"lora_adapters": lora.paths}
 
     def _adapters_in_use(self) -> set[str]:
         return {r.lora.key for r in self.running if r.lora is not None}
