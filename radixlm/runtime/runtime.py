@@ -118,7 +118,7 @@ class Runtime:
                 "server": rss_bytes(os.getpid()),
             },
             "stats": stats,
-            "lora_adapters": self.manager.loras,
+            "lora_adapters": getattr(self.manager, "loras", None),
         }
 
     async def close(self) -> None:

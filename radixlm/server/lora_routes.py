@@ -20,7 +20,7 @@ async def load_lora_adapter(body: LoadLoraRequest, request: Request) -> dict[str
     """Serve the peft adapter directory ``lora_path`` as model ``lora_name`` (400 naming what
     is wrong with it)."""
     manager = server_state(request).runtime.manager
-    if manager.loras is None:
+    if getattr(manager, "loras", None) is None:
         raise APIError(400, "LoRA is off: start the server with --enable-lora or --lora-paths",
                        param="lora_name")  # fmt: skip
     try:
@@ -36,7 +36,7 @@ async def load_lora_adapter(body: LoadLoraRequest, request: Request) -> dict[str
 async def unload_lora_adapter(body: UnloadLoraRequest, request: Request) -> dict[str, Any]:
     """Stop serving ``lora_name`` (404 when it is not loaded); its running requests finish."""
     manager = server_state(request).runtime.manager
-    if body.lora_name not in (manager.loras or {}):
+    if body.lora_name not in (getattr(manager, "loras", None) or {}):
         raise APIError(404, f"LoRA adapter {body.lora_name!r} is not loaded", param="lora_name",
                        code="model_not_found")  # fmt: skip
     try:

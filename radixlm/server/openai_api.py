@@ -66,8 +66,8 @@ class Call:
 async def list_models(request: Request) -> dict[str, Any]:
     """The model this server serves and its LoRA adapters (with the model as their parent)."""
     state = server_state(request)
-    loras = state.runtime.manager.loras or {}
-    return {"object": "list", "data": [_model_card(state)] + [_lora_card(state, n) for n in loras]}
+    cards = [_model_card(state)] + [_lora_card(state, name) for name in state.loras]
+    return {"object": "list", "data": cards}
 
 
 @router.get("/models/{model:path}")
@@ -90,7 +90,7 @@ def _model_card(state: ServerState) -> dict[str, Any]:
 
 
 def _lora_card(state: ServerState, name: str) -> dict[str, Any]:
-    return {**_model_card(state), "id": name, "root": state.runtime.manager.loras[name],
+    return {**_model_card(state), "id": name, "root": state.loras[name],
             "parent": state.served_model_name}  # fmt: skip
 
 

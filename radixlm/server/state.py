@@ -35,10 +35,16 @@ class ServerState:
     def context_len(self) -> int:
         return self.runtime.backend.info["context_len"]
 
+    @property
+    def loras(self) -> dict[str, str]:
+        """The LoRA adapters served, name -> directory (none with LoRA off; the data-parallel
+        and Ray managers serve none)."""
+        return getattr(self.runtime.manager, "loras", None) or {}
+
     def check_model(self, name: str | None) -> str | None:
         """The LoRA adapter ``name`` names, else None: 404 unless it (when given) names the
         served model or one of its adapters."""
-        loras = self.runtime.manager.loras or {}
+        loras = self.loras
         if name in loras:
             return name
         known = {self.served_model_name, self.model_path, self.args.model_path}

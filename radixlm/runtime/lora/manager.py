@@ -18,8 +18,16 @@ from torch import nn
 
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.lora.adapter import LoraWeights, TargetShape, read_adapter
-from radixlm.runtime.lora.batched import column_mask, lora_delta
+from radixlm.runtime.lora.batched import (
+    Segment,
+    add_lora,
+    add_lora_masked,
+    column_mask,
+    segments,
+)
 from radixlm.runtime.models.layers import Attention, GatedMLP
+
+MASKED_MAX_ROWS = 64  # NOTE: up to this many rows the masked form's fewer ops win (bench_lora)
 
 logger = logging.getLogger(__name__)
 
@@ -58,16 +66,23 @@ class LoraStack:
 
 
 class LoraRows:
-    """Which slot each token row of one forward uses (-1: the base model), with its masks."""
+    """The rows of one forward by adapter slot: as segments, and (for the masked form) each
+    row's slot relative to the lowest present one, with its masks by width."""
 
-    def __init__(self, row_slots: torch.Tensor, slots: int) -> None:
-        self.row_slots, self.slots = row_slots, slots
+    def __init__(self, slots: list[int], lengths: list[int], device) -> None:
+        self.num_rows = sum(lengths)
+        self.groups: list[Segment] = segments(slots, lengths, device)
+        present = [g.slot for g in self.groups]
+        self.lo, self.hi = min(present), max(present)
+        per_row = [s - self.lo if s >= 0 else -1 for s, n in zip(slots, lengths) for _ in range(n)]
+        self._row_slots = torch.tensor(per_row, dtype=torch.int64, device=device)
         self._masks: dict[tuple[int, torch.dtype], torch.Tensor] = {}
 
     def mask(self, width: int, dtype: torch.dtype) -> torch.Tensor:
         key = (width, dtype)
         if key not in self._masks:
-            self._masks[key] = column_mask(self.row_slots, self.slots, width, dtype)
+            span = self.hi - self.lo + 1
+            self._masks[key] = column_mask(self._row_slots, span, width, dtype)
         return self._masks[key]
 
 
@@ -116,7 +131,7 @@ class LoraManager:
         self.loads = 0  # adapters read into a slot (registrations and reloads after eviction)
         self._clock = itertools.count(1)
         self._ids = itertools.count()
-        self.active: LoraRows | None = None
+        self.active: LoraRows | None = None  # the running forward's rows by slot
         for name, module in lora_targets(model).items():
             module.register_forward_hook(self._hook(self.stacks[name]))
 
@@ -188,23 +203,25 @@ class LoraManager:
     @contextmanager
     def activate(self, batch: ForwardBatch):
         """Run the forward inside with each token row adapted by its request's slot."""
-        per_req = torch.tensor(batch.lora_slots, dtype=torch.int64, device=batch.input_ids.device)
-        self.active = LoraRows(per_req.repeat_interleave(batch.extend_lens), self.max_loras)
+        self.active = LoraRows(batch.lora_slots, batch.extend_lens_list, batch.input_ids.device)
         try:
             yield
         finally:
             self.active = None
 
     def _hook(self, stack: LoraStack):
-        def add_lora(module: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor | None:
+        def hook(module: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor | None:
             rows = self.active
             if rows is None:
                 return None
-            x = inputs[0]
-            mask = rows.mask(stack.width, x.dtype)
-            return output + lora_delta(x, stack.a.to(x.dtype), stack.b.to(x.dtype), mask)
+            x, w = inputs[0], stack.width
+            if rows.num_rows > MASKED_MAX_ROWS:
+                return add_lora(output, x, stack.a, stack.b, w, rows.groups)
+            cols = slice(rows.lo * w, (rows.hi + 1) * w)  # NOTE: the present slots' range only
+            mask = rows.mask(w, x.dtype)
+            return add_lora_masked(output, x, stack.a[cols], stack.b[:, cols], mask)
 
-        return add_lora
+        return hook
 
     def describe(self) -> dict:
         return {
