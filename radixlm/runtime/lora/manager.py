@@ -86,32 +86,21 @@ class LoraRows:
         return self._masks[key]
 
 
-def lora_targets(model: nn.Module) -> dict[str, nn.Module]:
-    """Our projections LoRA may adapt, by module name: every attention's q/k/v and o, every
-    dense MLP's gate/up and down (a mixture-of-experts layer's experts are not targets)."""
-    found = {}
-    for name, module in model.named_modules():
-        if isinstance(module, Attention):
-            found[f"{name}.qkv_proj"] = module.qkv_proj
-            found[f"{name}.o_proj"] = module.o_proj
-        elif isinstance(module, GatedMLP):
-            found[f"{name}.gate_up_proj"] = module.gate_up_proj
-            found[f"{name}.down_proj"] = module.down_proj
-    return found
-
-
-def target_shapes(model: nn.Module) -> dict[str, TargetShape]:
+def lora_targets(model: nn.Module) -> dict[str, tuple[nn.Module, TargetShape]]:
+    """Our projections LoRA may adapt, by module name, with their shapes: every attention's
+    q/k/v and o, every dense MLP's gate/up and down (a mixture-of-experts layer's experts are
+    not targets)."""
     c = model.config
-    shapes = {}
-    for name, module in model.named_modules():
-        if isinstance(module, Attention):
-            shapes[f"{name}.qkv_proj"] = TargetShape(c.hidden_size, module.sizes)
-            shapes[f"{name}.o_proj"] = TargetShape(module.sizes[0], (c.hidden_size,))
-        elif isinstance(module, GatedMLP):
+    found = {}
+    for name, m in model.named_modules():
+        if isinstance(m, Attention):
+            found[f"{name}.qkv_proj"] = m.qkv_proj, TargetShape(c.hidden_size, m.sizes)
+            found[f"{name}.o_proj"] = m.o_proj, TargetShape(m.sizes[0], (c.hidden_size,))
+        elif isinstance(m, GatedMLP):
             inter = c.intermediate_size
-            shapes[f"{name}.gate_up_proj"] = TargetShape(c.hidden_size, (inter, inter))
-            shapes[f"{name}.down_proj"] = TargetShape(inter, (c.hidden_size,))
-    return shapes
+            found[f"{name}.gate_up_proj"] = m.gate_up_proj, TargetShape(c.hidden_size, (inter,) * 2)
+            found[f"{name}.down_proj"] = m.down_proj, TargetShape(inter, (c.hidden_size,))
+    return found
 
 
 class LoraManager:
@@ -120,7 +109,8 @@ class LoraManager:
 
     def __init__(self, model: nn.Module, max_loras: int, max_rank: int, dtype, device) -> None:
         self.model, self.max_loras, self.max_rank = model, max_loras, max_rank
-        self.shapes = target_shapes(model)
+        targets = lora_targets(model)
+        self.shapes = {name: shape for name, (_, shape) in targets.items()}
         self.stacks = {
             name: LoraStack(shape, max_loras, max_rank, dtype, device)
             for name, shape in self.shapes.items()
@@ -132,7 +122,7 @@ class LoraManager:
         self._clock = itertools.count(1)
         self._ids = itertools.count()
         self.active: LoraRows | None = None  # the running forward's rows by slot
-        for name, module in lora_targets(model).items():
+        for name, (module, _) in targets.items():
             module.register_forward_hook(self._hook(self.stacks[name]))
 
     # -- registry ------------------------------------------------------------------------------
