@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from radixlm.runtime.function_call import get_tool_parser
+from radixlm.runtime.function_call import BUILTIN_TOOL_PARSER, get_tool_parser
 from radixlm.runtime.function_call.toolset import (
     builtin_tool_prompt,
     calls_constraint,
@@ -22,7 +22,7 @@ from radixlm.runtime.function_call.toolset import (
     named_tool,
 )
 
-_FORMAT = "hermes"  # NOTE: the format the built-in tool prompt asks for
+_FORMAT = BUILTIN_TOOL_PARSER
 
 
 def tools_prompt(tools: list[dict[str, Any]]) -> str:

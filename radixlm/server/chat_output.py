@@ -9,6 +9,7 @@ import uuid
 from typing import Any
 
 from radixlm.runtime.function_call.base import CallDelta, StreamParser, ToolCall
+from radixlm.runtime.function_call.hermes import HermesParser
 from radixlm.server.chat_tools import ChatPlan
 
 
@@ -49,7 +50,8 @@ class ChoiceStream:
         self.has_calls = False
         # NOTE: when a grammar admits only hermes calls, every `<tool_call>\n{"name":"X"` opens a
         # call that will complete, so its name is sent first and the arguments when it closes
-        self._early = _EarlyNames() if plan.calls_only and plan.parser.name == "hermes" else None
+        hermes = isinstance(plan.parser, HermesParser)
+        self._early = _EarlyNames() if plan.calls_only and hermes else None
 
     def feed(self, text: str) -> dict[str, Any]:
         reasoning, content = ("", text) if self.reasoning is None else self.reasoning.feed(text)

@@ -14,7 +14,7 @@ from typing import Any
 import jinja2
 
 from radixlm.runtime.function_call.toolset import ToolSpec, builtin_tool_prompt
-from radixlm.server.protocol import ChatCompletionRequest, ChatMessage
+from radixlm.server.protocol import ChatCompletionRequest, ChatMessage, ToolCallItem
 
 
 def template_text(tokenizer, template: str | None) -> str | None:
@@ -106,6 +106,11 @@ def _arguments(arguments: str | dict) -> Any:
         return arguments
 
 
+def _builtin_call(c: ToolCallItem) -> str:
+    call = {"name": c.function.name, "arguments": _arguments(c.function.arguments)}
+    return f"<tool_call>\n{json.dumps(call, ensure_ascii=False)}\n</tool_call>"
+
+
 def _builtin(messages: list[ChatMessage], tools: list[ToolSpec] | None) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for m in messages:
@@ -117,9 +122,8 @@ def _builtin(messages: list[ChatMessage], tools: list[ToolSpec] | None) -> list[
                 out.append({"role": "user", "content": result, "tool_results": True})
             continue
         content = m.text()
-        for c in m.tool_calls or []:
-            call = {"name": c.function.name, "arguments": _arguments(c.function.arguments)}
-            content += f"\n<tool_call>\n{json.dumps(call, ensure_ascii=False)}\n</tool_call>"
+        if m.tool_calls:
+            content += "\n" + "".join(_builtin_call(c) for c in m.tool_calls)  # NOTE: back to back
         out.append({"role": _role(m), "content": content.lstrip("\n")})
     for m in out:
         m.pop("tool_results", None)

@@ -15,7 +15,11 @@ from dataclasses import dataclass, field
 
 from radixlm.runtime.constrained.specs import escape_literal
 from radixlm.runtime.constrained.text_regex import text_without
-from radixlm.runtime.function_call import detect_tool_parser, get_tool_parser
+from radixlm.runtime.function_call import (
+    BUILTIN_TOOL_PARSER,
+    detect_tool_parser,
+    get_tool_parser,
+)
 from radixlm.runtime.function_call.base import ToolParser
 from radixlm.runtime.function_call.toolset import (
     ToolSpec,
@@ -77,7 +81,7 @@ def _plan_tools(
         raise ValueError("tool_choice requires a tool but tools is empty: give tools, or send "
                          "tool_choice 'auto' or 'none'")  # fmt: skip
     if not supports_tools(template):
-        parser_name = "hermes"  # NOTE: the built-in tool prompt asks for the hermes format
+        parser_name = BUILTIN_TOOL_PARSER  # NOTE: the format the built-in tool prompt asks for
     parser = get_tool_parser(parser_name or detect_tool_parser(template))
     if choice == "none":
         # NOTE: tools not offered, and the call tag banned from the text

@@ -25,9 +25,6 @@ def model(client):
 
 
 def _ask(client, model, prompt, tool_choice, temperature, seed=0, **kw):
-    # NOTE: one call per answer: with parallel calls allowed the 135M model repeats calls
-    # until max_tokens (each complete one still valid; see the parallel test below).
-    kw.setdefault("parallel_tool_calls", False)
     return client.chat.completions.create(
         model=model, messages=[{"role": "user", "content": prompt}], tools=TOOLS,
         tool_choice=tool_choice, temperature=temperature, seed=seed, max_tokens=MAX_TOKENS, **kw,
@@ -38,45 +35,47 @@ def _named(name):
     return {"type": "function", "function": {"name": name}}
 
 
+# NOTE: (prompt, tool_choice, temperature, seed, parallel_tool_calls)
 CASES = [
-    (prompt, choice, temperature, seed)
+    (prompt, choice, temperature, seed, parallel)
     for i, prompt in enumerate(PROMPTS)
-    for choice, temperature, seed in [
-        ("required", 0.0, 0),
-        ("required", 0.8, i),
-        (_named(TOOLS[i % 4]["function"]["name"]), 0.0, 0),
-        (_named(TOOLS[(i + 1) % 4]["function"]["name"]), 0.8, i),
+    for choice, temperature, seed, parallel in [
+        ("required", 0.0, 0, True),
+        ("required", 0.8, i, True),
+        ("required", 0.8, 100 + i, False),
+        (_named(TOOLS[i % 4]["function"]["name"]), 0.8 * (i % 2), i, False),
     ]
 ]
 
 
-def test_required_and_named_calls_always_parse_and_match_their_schemas(client, model):
-    assert len(CASES) == 20
+def _ask_case(client, model, case):
+    prompt, choice, temperature, seed, parallel = case
+    return _ask(client, model, prompt, choice, temperature, seed, parallel_tool_calls=parallel)
+
+
+def test_required_calls_end_parse_and_match_their_schemas(client, model):
+    assert len(CASES) == 52
     with ThreadPoolExecutor(8) as pool:
-        results = list(pool.map(lambda c: _ask(client, model, *c), CASES))
-    for (prompt, choice, _, _), r in zip(CASES, results):
+        results = list(pool.map(lambda c: _ask_case(client, model, c), CASES))
+    ended = 0
+    for (prompt, choice, _, _, parallel), r in zip(CASES, results):
         choice_out = r.choices[0]
-        assert choice_out.finish_reason == "tool_calls", (prompt, choice_out)
-        calls = choice_out.message.tool_calls
-        assert calls and all(c.id.startswith("call_") and c.type == "function" for c in calls)
-        if isinstance(choice, dict):
-            assert {c.function.name for c in calls} == {choice["function"]["name"]}
+        calls = choice_out.message.tool_calls or []
+        assert choice_out.message.content is None, (prompt, choice_out)
+        assert all(c.id.startswith("call_") and c.type == "function" for c in calls)
         for c in calls:
             jsonschema.validate(json.loads(c.function.arguments), schema_of(c.function.name))
-        assert choice_out.message.content is None and len(calls) == 1
+        if isinstance(choice, dict):
+            assert {c.function.name for c in calls} == {choice["function"]["name"]}
+        if not parallel:  # NOTE: exactly one call, and the grammar ends the output after it
+            assert choice_out.finish_reason == "tool_calls" and len(calls) == 1, (prompt, r)
+        else:
+            ended += choice_out.finish_reason == "tool_calls" and len(calls) >= 1
+    # NOTE: with parallel calls allowed the model may stop after any call (measured: 26 of 26)
+    assert ended >= 0.95 * sum(c[4] for c in CASES)
 
 
-def test_parallel_calls_are_each_complete_and_valid(client, model):
-    r = _ask(client, model, PROMPTS[3], "required", 0.0, parallel_tool_calls=True)
-    choice = r.choices[0]
-    assert choice.finish_reason in ("tool_calls", "length") and choice.message.content is None
-    for c in choice.message.tool_calls:
-        jsonschema.validate(json.loads(c.function.arguments), schema_of(c.function.name))
-
-
-def test_streamed_calls_equal_the_whole_response(client, model):
-    whole = _ask(client, model, PROMPTS[1], "required", 0.0)
-    stream = _ask(client, model, PROMPTS[1], "required", 0.0, stream=True)
+def _streamed_calls(stream):
     names, args, finish, content = {}, {}, None, ""
     for chunk in stream:
         choice = chunk.choices[0]
@@ -86,14 +85,23 @@ def test_streamed_calls_equal_the_whole_response(client, model):
                 names[d.index] = d.function.name
             args[d.index] = args.get(d.index, "") + ((d.function and d.function.arguments) or "")
         finish = choice.finish_reason or finish
-    expected = whole.choices[0].message.tool_calls
-    assert [names[i] for i in sorted(names)] == [c.function.name for c in expected]
-    assert [args[i] for i in sorted(args)] == [c.function.arguments for c in expected]
-    assert finish == "tool_calls" and "<tool_call>" not in content
+    return [(names[i], args[i]) for i in sorted(names)], finish, content
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_streamed_calls_equal_the_whole_response(client, model, temperature):
+    for i in (1, 7, 12):
+        whole = _ask(client, model, PROMPTS[i], "required", temperature, seed=i)
+        stream = _ask(client, model, PROMPTS[i], "required", temperature, seed=i, stream=True)
+        calls, finish, content = _streamed_calls(stream)
+        expected = whole.choices[0].message.tool_calls
+        assert calls == [(c.function.name, c.function.arguments) for c in expected]
+        assert finish == whole.choices[0].finish_reason == "tool_calls"
+        assert content == "" and whole.choices[0].message.content is None
 
 
 def test_round_trip_renders_the_call_and_its_result(client, model):
-    first = _ask(client, model, PROMPTS[0], _named("get_weather"), 0.0)
+    first = _ask(client, model, PROMPTS[0], _named("get_weather"), 0.0, parallel_tool_calls=False)
     call = first.choices[0].message.tool_calls[0]
     messages = [
         {"role": "user", "content": PROMPTS[0]},

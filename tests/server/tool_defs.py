@@ -94,6 +94,14 @@ PROMPTS = [
     "Put three bags of coffee (SKU C-100) in my cart.",
     "Wake me up at 7 on weekdays.",
     "Is it cold in Oslo today? Use fahrenheit.",
+    "Book a flight from Rome to Madrid for one adult.",
+    "Add 2 units of SKU A-7 to the cart.",
+    "Set an alarm for 22 on saturday and sunday labelled gym.",
+    "Weather in Tokyo in celsius?",
+    "I need two flights: NYC to LA, and LA to SF, one adult each.",
+    "Remind me at 6 every day.",
+    "What is the temperature in Cairo?",
+    "Order 5 of SKU Z-9 and 1 of SKU Q-2.",
 ]
 
 

@@ -21,6 +21,7 @@ from radixlm.runtime.function_call.base import (
 from radixlm.runtime.function_call.scanning import merge_deltas
 
 DEFAULT_TOOL_PARSER = "hermes"
+BUILTIN_TOOL_PARSER = "builtin"  # NOTE: the format the built-in tool prompt asks for
 
 # NOTE: checked in order; the first marker found in the template names its format.
 _TEMPLATE_MARKERS = (
@@ -52,6 +53,7 @@ def detect_tool_parser(chat_template: str | None) -> str:
 
 
 __all__ = [
+    "BUILTIN_TOOL_PARSER",
     "DEFAULT_TOOL_PARSER",
     "TOOL_PARSERS",
     "CallDelta",

@@ -3,6 +3,9 @@ one block per call."""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
+from radixlm.runtime.constrained.specs import escape_literal
 from radixlm.runtime.function_call.base import register_tool_parser
 from radixlm.runtime.function_call.json_calls import call_from_text, json_call_regex
 from radixlm.runtime.function_call.scanning import (
@@ -22,6 +25,8 @@ class HermesParser(ScanningToolParser):
     """Each call is a JSON object between ``<tool_call>`` and ``</tool_call>``."""
 
     trigger = OPEN
+    # NOTE: what is written between parallel calls (Qwen's templates: a newline)
+    separator: ClassVar[str] = "\n"
 
     def scan(self, view: View) -> Scan:
         buf = view.text
@@ -42,6 +47,21 @@ class HermesParser(ScanningToolParser):
 
     def calls_regex(self, one_call: str, parallel: bool) -> str:
         block = f"<tool_call>\\n(?:{one_call})\\n</tool_call>"
-        # NOTE: one copy of the call regex (each block then ends in a newline): repeating the
-        # block as `B(?:\nB)*` doubles the automaton and made outlines compile 5x slower.
-        return f"(?:{block}\\n)+" if parallel else block
+        if not parallel:
+            return block
+        # NOTE: the output may end after any call, right after its `</tool_call>`. One copy of
+        # the call regex: repeating the block as `B(?:\nB)*` doubles the automaton and made
+        # outlines compile 5x slower.
+        sep = escape_literal(self.separator).replace("\n", "\\n")
+        sep = f"(?:{sep})?" if sep else ""
+        return f"(?:{block}{sep})+"
+
+
+@register_tool_parser("builtin")
+class BuiltinParser(HermesParser):
+    """The format the built-in tool prompt asks for (chat templates without tool support):
+    hermes calls written back to back. Measured on SmolLM2-135M with ``tool_choice: required``
+    and parallel calls: with a newline allowed between calls it wrote call after call until
+    ``max_tokens`` in 10 of 26 answers; back to back, it ended after its calls in 26 of 26."""
+
+    separator = ""
