@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from radixlm.runtime.config import ServerArgs
-from radixlm.runtime.io_struct import GenerateInput
+from radixlm.runtime.io_struct import EncodeInput, GenerateInput
 from radixlm.runtime.launcher import launch
 from radixlm.runtime.runtime import Runtime
 
@@ -81,6 +81,22 @@ class Engine:
         )
         if stream:
             return self._stream(obj)
+        return self._call(self.runtime.generate(obj))
+
+    def encode(
+        self,
+        prompt: str | list[str] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        pooling: str = "last",
+        normalize: bool = True,
+        rid: str | list[str] | None = None,
+        cache_salt: str | None = None,
+        lora_path: str | list[str | None] | None = None,
+    ) -> dict | list[dict]:
+        """Embed one input (a dict with ``embedding`` and ``meta_info``) or a batch (a list):
+        the final-normed hidden state of the ``last`` token or the ``mean`` over all tokens,
+        divided by its L2 norm unless ``normalize`` is False."""
+        obj = EncodeInput(prompt, input_ids, pooling, normalize, rid, cache_salt, lora_path)
         return self._call(self.runtime.generate(obj))
 
     async def async_generate(self, prompt=None, sampling_params=None, input_ids=None, **kw):

@@ -8,6 +8,14 @@ from typing import Any
 
 MAX_N = 128  # samples per prompt
 MAX_REQUESTS = 1024  # requests per call (prompts x n)
+POOLINGS = ("last", "mean")  # how an embedding is pooled (runtime/scheduler/pooling.py)
+
+
+def check_pooling(pooling: object) -> str:
+    """``pooling`` when it is one the engine computes; ValueError naming the field."""
+    if pooling not in POOLINGS:
+        raise ValueError(f"pooling must be one of {list(POOLINGS)}, got {pooling!r}")
+    return pooling  # type: ignore[return-value]
 
 
 @dataclass
@@ -25,6 +33,8 @@ class SingleRequest:
     cache_salt: str | None = None  # shares cached prefixes only with the same salt
     priority: int = 0  # with the "priority" schedule policy: lower is scheduled first
     lora_name: str | None = None  # a loaded LoRA adapter; None: the base model
+    pooling: str | None = None  # an embedding request: "last" | "mean" (no output tokens)
+    normalize: bool = True  # the embedding divided by its L2 norm
 
 
 @dataclass
@@ -118,3 +128,34 @@ class GenerateInput:
             cache_salt=self.cache_salt,
             priority=self.priority,
         )
+
+
+@dataclass
+class EncodeInput:
+    """An embedding call (``Engine.encode``, ``/encode``, ``/v1/embeddings``): one input or a
+    batch, as text or token ids, each answered with its pooled, by default normalised, hidden
+    state (``runtime/scheduler/pooling.py``)."""
+
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    pooling: str = "last"
+    normalize: bool = True
+    rid: str | list[str] | None = None
+    cache_salt: str | None = None
+    lora_path: str | list[str | None] | None = None
+
+    def _generate(self) -> GenerateInput:
+        return GenerateInput(self.text, self.input_ids, None, self.rid,
+                             cache_salt=self.cache_salt, lora_path=self.lora_path)  # fmt: skip
+
+    @property
+    def is_batch(self) -> bool:
+        return self._generate().is_batch
+
+    def split(self) -> list[SingleRequest]:
+        """One SingleRequest per input, validating the shapes and the pooling."""
+        check_pooling(self.pooling)
+        reqs = self._generate().split()
+        for req in reqs:
+            req.pooling, req.normalize = self.pooling, self.normalize
+        return reqs

@@ -70,6 +70,7 @@ class OutMeta(msgspec.Struct):
     input_top_logprobs: list | None = None
     e2e_latency: float | None = None  # scheduler-side, in the last message
     first_token_latency: float | None = None
+    embedding: list[float] | None = None  # an embedding request's pooled vector, when finished
 
 
 class Sampling(msgspec.Struct, frozen=True):
@@ -114,6 +115,8 @@ class GenerateReq(msgspec.Struct, tag=True):
     cache_salt: str | None = None
     priority: int = 0
     lora_name: str | None = None  # a registered LoRA adapter; None: the base model
+    pooling: str | None = None  # an embedding request ("last" | "mean"; prefill only)
+    normalize: bool = True  # an embedding request's vector divided by its L2 norm
 
 
 class AbortReq(msgspec.Struct, tag=True):

@@ -14,7 +14,7 @@ from typing import Any
 
 from radixlm.runtime import threads
 from radixlm.runtime.config import ServerArgs
-from radixlm.runtime.io_struct import GenerateInput
+from radixlm.runtime.io_struct import EncodeInput, GenerateInput
 from radixlm.runtime.launcher import Backend, rss_bytes
 from radixlm.runtime.loader.model_files import load_config, load_tokenizer
 from radixlm.runtime.loader.text_tokenizer import load_text_tokenizer
@@ -82,7 +82,7 @@ class Runtime:
     def alive(self) -> bool:
         return self.manager.dead is None and self.backend.dead_reason() is None
 
-    async def generate(self, obj: GenerateInput) -> dict | list[dict]:
+    async def generate(self, obj: GenerateInput | EncodeInput) -> dict | list[dict]:
         reqs = obj.split()
         results = await asyncio.gather(*(self.manager.generate_one(r) for r in reqs))
         return list(results) if obj.is_batch or len(results) > 1 else results[0]

@@ -22,7 +22,7 @@ import zmq.asyncio
 
 from radixlm.runtime import ipc
 from radixlm.runtime.config import ServerArgs
-from radixlm.runtime.io_struct import SingleRequest
+from radixlm.runtime.io_struct import SingleRequest, check_pooling
 from radixlm.runtime.messages import (
     AbortReq,
     Batch,
@@ -174,6 +174,16 @@ class TokenizerManager:
         bad = next((t for t in params.logit_bias if t >= vocab), None)
         if bad is not None:
             raise ValueError(f"logit_bias keys must be token ids in [0, {vocab}), got {bad}")
+        if req.pooling is not None:
+            check_pooling(req.pooling)
+            if not isinstance(req.normalize, bool):
+                raise ValueError(f"normalize must be true or false, got {req.normalize!r}")
+            if len(ids) >= self.context_len:
+                raise ValueError(
+                    "Requested token count exceeds the model's maximum context length: the "
+                    f"input has {len(ids)} tokens; at most {self.context_len - 1} fit"
+                )
+            params = msgspec.structs.replace(params, max_new_tokens=0)  # NOTE: prefill only
         # NOTE: an implicit max_new_tokens is clamped to the room left; an explicit one must fit
         wanted = params.max_new_tokens if "max_new_tokens" in req.sampling else 1
         if len(ids) + wanted > self.context_len:
@@ -222,6 +232,8 @@ class TokenizerManager:
             salt,
             priority,
             req.lora_name,
+            req.pooling,
+            req.normalize,
         )
 
     def check_lora(self, name: str | None) -> None:
@@ -396,7 +408,10 @@ class TokenizerManager:
                 rows = getattr(got, key, None)
                 if rows is not None:
                     meta[key] = [self._with_text(row, with_text) if row else row for row in rows]
-        return {"text": state.text, "output_ids": list(state.output_ids), "meta_info": meta}
+        out = {"text": state.text, "output_ids": list(state.output_ids), "meta_info": meta}
+        if got is not None and got.embedding is not None:
+            out["embedding"] = got.embedding
+        return out
 
     def _with_text(self, entries: list, with_text: bool) -> list:
         return [

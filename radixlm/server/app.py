@@ -15,7 +15,15 @@ from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.launcher import Backend, launch
 from radixlm.runtime.loader.gguf_loader import release_gguf
 from radixlm.runtime.runtime import Runtime
-from radixlm.server import lora_routes, native, openai_api, responses_api, tokenizer_routes, web
+from radixlm.server import (
+    embeddings,
+    lora_routes,
+    native,
+    openai_api,
+    responses_api,
+    tokenizer_routes,
+    web,
+)
 from radixlm.server.body_limit import BodyLimitMiddleware
 from radixlm.server.errors import error_response, install_handlers
 from radixlm.server.lenient import IgnoredFieldsHeader
@@ -68,6 +76,7 @@ def create_app(
     app.include_router(tokenizer_routes.router)
     app.include_router(lora_routes.router)
     app.include_router(openai_api.router)
+    app.include_router(embeddings.router)
     app.include_router(responses_api.router)
     app.include_router(web.router)
     app.mount("/static", web.static, name="static")

@@ -33,6 +33,19 @@ class GenerateRequest(BaseModel):
     lora_path: str | list[str | None] | None = None
 
 
+class EncodeRequest(BaseModel):
+    """``POST /encode`` (SGLang's): embed one input or a batch, as text or token ids."""
+
+    model_config = Strict
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    rid: str | list[str] | None = None
+    pooling: Literal["last", "mean"] = "last"
+    normalize: bool = True
+    cache_salt: str | None = Field(None, min_length=1, max_length=256)
+    lora_path: str | list[str | None] | None = None
+
+
 class LoadLoraRequest(BaseModel):
     """``POST /load_lora_adapter`` (vLLM's and SGLang's route): a peft adapter directory."""
 
@@ -176,6 +189,21 @@ class CompletionRequest(SamplingFields):
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
     response_format: ResponseFormat | None = None  # vLLM's: as on chat
+
+
+class EmbeddingRequest(BaseModel):
+    """``POST /v1/embeddings``. Unknown top-level fields are kept in ``model_extra``."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    model: str | None = None
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
+    # radixlm's (as /encode's) and vLLM's
+    pooling: Literal["last", "mean"] = "last"
+    normalize: bool = True
+    cache_salt: str | None = Field(None, min_length=1, max_length=256)
 
 
 class TextPart(BaseModel):

@@ -29,6 +29,10 @@ class ForwardBatch:
     seq_lens_list: list[int] = field(default_factory=list)
     attn_meta: Any = None  # filled by the attention backend's prepare()
     lora_slots: list[int] | None = None  # [B] each request's LoRA slot (-1: base); None: none
+    # NOTE: a step with embedding requests keeps every token's final-normed hidden state in
+    # ``hidden`` ([T, hidden_size] float32)
+    keep_hidden: bool = False
+    hidden: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:

@@ -176,6 +176,9 @@ class ModelRunner:
             self.backend.prepare(batch)
             with self.lora.activate(batch):
                 return self.model(batch, self.backend)
+        if batch.keep_hidden:  # NOTE: the graphs return logits only
+            self.backend.prepare(batch)
+            return self.model(batch, self.backend)
         if self.graph_runner is not None and self.graph_runner.can_run(batch):
             return self.graph_runner.forward(batch)
         if self.cpu_graphs is not None and self.cpu_graphs.can_run(batch, threads_now):

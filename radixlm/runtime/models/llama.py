@@ -83,7 +83,11 @@ class LlamaForCausalLM(nn.Module):
             tables["local"] = self.local_rotary.cos_sin(batch.positions, x.dtype)
         for layer in self.layers:
             x = layer(x, tables.get(layer.self_attn.rope), batch, backend)
-        x = self.norm(x[batch.logits_indices])
+        if batch.keep_hidden:  # NOTE: embedding requests pool them (norm is per row)
+            batch.hidden = self.norm(x).float()
+            x = batch.hidden[batch.logits_indices].to(x.dtype)
+        else:
+            x = self.norm(x[batch.logits_indices])
         logits = self.lm_head(x).float()
         c = self.config
         if c.logits_scaling != 1.0:  # NOTE: Granite

@@ -115,6 +115,8 @@ def token_out(req: Req) -> TokenOut:
             lp.prompt_sent = True
     if req.finish is not None:
         meta.e2e_latency = time.monotonic() - req.created
+        if req.pooled is not None:
+            meta.embedding = req.pooled.tolist()
         if req.first_token_time is not None:
             meta.first_token_latency = req.first_token_time - req.created
     p = req.params

@@ -75,6 +75,7 @@ def model_info(scheduler: Scheduler) -> dict:
         "max_total_tokens": r.max_total_tokens,
         "context_len": r.context_len,
         "vocab_size": r.config.vocab_size,
+        "hidden_size": r.config.hidden_size,  # NOTE: the size of an embedding
         "eos_token_ids": list(r.config.eos_token_ids),
         "model_path": r.model_path,
         "dtype": str(r.dtype).removeprefix("torch."),

@@ -74,6 +74,9 @@ class Req:
     priority: int = 0  # the "priority" policy schedules lower values first
     lora: Any = None  # lora.manager.AdapterRef; None: the base model
     spec: Any = None  # speculative.DraftState once the request has drafted
+    pooling: str | None = None  # an embedding request: "last" | "mean" (see pooling.py)
+    normalize: bool = True
+    pooled: Any = None  # its hidden-state sum ("mean") or last hidden state, as computed
 
     @property
     def fill_ids(self) -> list[int]:
@@ -113,8 +116,9 @@ class Req:
     @property
     def max_match_len(self) -> int:
         """How much of the prompt may come from the cache: at least one token must be computed
-        (prompt logprobs may limit it further: ``CacheManager.logprob_cap``)."""
-        return self.seq_len - 1
+        (prompt logprobs may limit it further: ``CacheManager.logprob_cap``). Mean pooling
+        needs every token's hidden state, which the cache does not keep: none."""
+        return 0 if self.pooling == "mean" else self.seq_len - 1
 
     @property
     def wants_prompt_logprobs(self) -> bool:

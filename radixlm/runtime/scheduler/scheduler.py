@@ -35,6 +35,7 @@ from radixlm.runtime.scheduler.batch_builder import LogitRows, build_batch
 from radixlm.runtime.scheduler.grammar_queue import GrammarQueue
 from radixlm.runtime.scheduler.output import StopChecker, record_prompt_logprobs, token_out
 from radixlm.runtime.scheduler.policy import get_policy
+from radixlm.runtime.scheduler.pooling import pool_chunks
 from radixlm.runtime.scheduler.req import LogprobState, Req, salt_offset, salted
 from radixlm.runtime.scheduler.speculative import Speculator
 from radixlm.runtime.scheduler.stats import SchedulerStats
@@ -91,7 +92,8 @@ class Scheduler:
         lora = self._adapter(msg.lora_name)
         req = Req(msg.rid, list(msg.input_ids), msg.sampling, stream=msg.stream,
                   salt=salt_offset(msg.cache_salt, lora.key if lora else None),
-                  priority=msg.priority, lora=lora)  # fmt: skip
+                  priority=msg.priority, lora=lora, pooling=msg.pooling,
+                  normalize=msg.normalize)  # fmt: skip
         if msg.return_logprob:
             req.logprob = LogprobState(msg.logprob_start_len, msg.top_logprobs_num)
         if msg.lora_name is not None and lora is None:
@@ -189,6 +191,7 @@ class Scheduler:
             batch, rows = build_batch(plan, self.cache)
             if self.runner.lora is not None:
                 batch.lora_slots = self._lora_slots(plan)
+            batch.keep_hidden = any(c.req.pooling is not None for c in plan.chunks)
             sampled = [info for info in rows if info.sample_row is not None]
             # NOTE: grammar masks are filled on a thread while the forward runs, one row per
             # generating request in _sample's order.
@@ -198,6 +201,8 @@ class Scheduler:
             logits = self.runner.forward(batch)
             if self.cache.disk is not None:  # NOTE: whether a disk load beats recomputing
                 self._time_prefill(plan.num_tokens, logits, start)
+            if batch.hidden is not None:
+                pool_chunks(plan.chunks, batch.hidden)
             self._postprocess(plan, rows, sampled, logits, masks)
         out, self.outbox = self.outbox, []
         return out
@@ -280,7 +285,7 @@ class Scheduler:
         """Send a running request back to the queue; what it computed stays cached."""
         self.running.remove(req)
         self.cache.release(req)
-        req.kv_len, req.retractions = 0, req.retractions + 1
+        req.kv_len, req.retractions, req.pooled = 0, req.retractions + 1, None
         self.stats.retractions += 1
         self.waiting.append(req)
 
