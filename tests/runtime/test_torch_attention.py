@@ -160,3 +160,26 @@ def test_softcapped_scores_match_reference(shared, extends, monkeypatch):
     monkeypatch.setattr(torch_backend, "MIN_SHARED_PREFIX", 8)
     out, expected, _ = attend(shared, extends, 5, softcap=0.5)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shared", [0, 70])
+def test_ragged_extends_split_by_length_match_reference(shared, monkeypatch):
+    monkeypatch.setattr(torch_backend, "MIN_SPLIT_WASTE", 0)
+    monkeypatch.setattr(torch_backend, "MIN_SHARED_PREFIX", 8)
+    extends = [2, 60, 3, 45, 1, 4]
+    out, expected, groups = attend(shared, extends, 0)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    # NOTE: the decode row alone, the two long prompts together, the three short ones together
+    assert sorted(g.num_reqs for g in groups) == [1, 2, 3]
+
+
+def test_similar_lengths_bounds_the_padding():
+    ext = [3, 305, 11, 163, 9, 159, 4, 136, 26, 26]
+    groups = torch_backend.similar_lengths(list(range(len(ext))), ext, ext)
+    assert sorted(i for g in groups for i in g) == list(range(len(ext)))
+    for g in groups:
+        real = sum(ext[i] ** 2 for i in g)
+        padded = len(g) * max(ext[i] for i in g) ** 2
+        assert padded - real <= max(real, torch_backend.MIN_SPLIT_WASTE)
+    assert len(groups) > 1
+    assert torch_backend.similar_lengths([0, 1], [40, 41], [40, 41]) == [[0, 1]]

@@ -20,6 +20,7 @@ attention does.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -55,6 +56,7 @@ class DecodeInputs:
     kv_index: torch.Tensor  # [R, L] each request's KV slots (after the shared ones)
     key_mask: torch.Tensor  # [R, E, L] True for the slots a grid entry attends to (causal)
     shared_index: torch.Tensor | None = None  # [P] slots every request starts with (cascade)
+    keep_hidden: ClassVar[bool] = False  # NOTE: a compiled step returns logits only
 
     def flat(self) -> tuple[torch.Tensor, ...]:
         """The fields in order, ``shared_index`` last where there is one (a package's inputs)."""
