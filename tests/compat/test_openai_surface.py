@@ -371,3 +371,23 @@ def test_bad_field_is_400_naming_it(client, model, field, value):
     body = info.value.body
     assert info.value.status_code == 400 and body["param"] == field
     assert field in body["message"] and isinstance(body["code"], str) and body["type"]
+
+
+def test_cache_salt_as_sglangs_test_checks_it(client, model):
+    """SGLang's test_cache_salt_effectiveness, in its shape: a chat request repeated with the
+    same salt is served from the cache up to its last prompt token; another salt is not."""
+    message = [{"role": "user", "content": f"[{uuid.uuid4().hex}] What is the capital of Japan?"}]
+
+    def ask(salt):
+        r = client.chat.completions.create(
+            model=model, messages=message, temperature=0, max_tokens=10,
+            extra_body={"cache_salt": salt},
+        )
+        return r.usage.prompt_tokens_details.cached_tokens, r.usage.prompt_tokens
+
+    first, prompt_tokens = ask("salt1")
+    second, _ = ask("salt1")
+    assert first == 0 and second == prompt_tokens - 1
+    other_first, _ = ask("salt2")
+    other_second, _ = ask("salt2")
+    assert other_first == 0 and other_second == prompt_tokens - 1
