@@ -23,7 +23,6 @@ from radixlm.lang.ir import (
     as_expr,
 )
 from radixlm.lang.tools import tool_call_regex
-from radixlm.runtime.reasoning import REASONING_PARSERS
 
 
 def function(func: Callable | None = None, num_api_spec_tokens: int | None = None):
@@ -183,18 +182,16 @@ def assistant_end() -> SglRoleEnd:
 
 
 def separate_reasoning(expr: SglExpr | None = None, model_type: str | None = None) -> SglExpr:
-    """Run the named ``gen`` ``expr``, then split its value: ``s[name]`` is the content after
-    the reasoning block, ``s[name + "_reasoning_content"]`` the reasoning (``model_type``:
-    a ``--reasoning-parser`` name such as ``deepseek-r1`` or ``qwen3``)."""
-    if not isinstance(expr, SglGen) or expr.name is None:
+    """Run the named ``gen`` (or ``select``) ``expr``, then split its value: ``s[name]`` is the
+    content after the reasoning block, ``s[name + "_reasoning_content"]`` the reasoning
+    (``model_type``: a ``--reasoning-parser`` name such as ``deepseek-r1`` or ``qwen3``; as in
+    SGLang, an unknown one is a ValueError when the program runs)."""
+    if not isinstance(expr, (SglGen, SglSelect)) or expr.name is None:
         raise ValueError(
             "separate_reasoning wraps a named gen, e.g. "
             "sgl.separate_reasoning(sgl.gen('answer'), model_type='deepseek-r1')"
         )
-    if model_type not in REASONING_PARSERS:
-        known = sorted(REASONING_PARSERS)
-        raise ValueError(f"model_type must be one of {known}, got {model_type!r}")
-    return SglExprList([expr, SglSeparateReasoning(model_type, expr.name)])
+    return SglExprList([expr, SglSeparateReasoning(model_type, expr=expr)])
 
 
 def image(path: str) -> SglExpr:

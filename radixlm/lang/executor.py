@@ -36,7 +36,7 @@ from radixlm.lang.ir import (
     as_expr,
 )
 from radixlm.lang.tools import read_tool_calls
-from radixlm.runtime.reasoning import get_reasoning_parser
+from radixlm.runtime.reasoning import REASONING_PARSERS, get_reasoning_parser
 
 if TYPE_CHECKING:
     from radixlm.lang.backend.base import BaseBackend
@@ -160,7 +160,7 @@ class StreamExecutor:
             self.variable_event[expr.name] = threading.Event()
             self.stream_var_event[expr.name] = threading.Event()
         elif isinstance(expr, SglSeparateReasoning):
-            name = f"{expr.name}_reasoning_content"
+            name = expr.name
             self.variable_event[name] = threading.Event()
             self.stream_var_event[name] = threading.Event()
         elif isinstance(expr, SglExprList):
@@ -346,9 +346,13 @@ class StreamExecutor:
             self._fill(exe.text_[exe.fork_start_text_pos:])
 
     def _execute_separate_reasoning(self, expr: SglSeparateReasoning) -> None:
-        reasoning, content = get_reasoning_parser(expr.model_type).split(self.variables[expr.name])
-        self.variables[expr.name] = content
-        self._set_var(f"{expr.name}_reasoning_content", reasoning or "", None)
+        if expr.model_type not in REASONING_PARSERS:
+            known = sorted(REASONING_PARSERS)
+            raise ValueError(f"separate_reasoning: unsupported model_type {expr.model_type!r}; "
+                             f"known: {known}")  # fmt: skip
+        reasoning, content = get_reasoning_parser(expr.model_type).split(self.variables[expr.var])
+        self.variables[expr.var] = content
+        self._set_var(expr.name, reasoning or "", None)
 
     def _execute_media(self, expr: SglMedia) -> None:
         raise ValueError(

@@ -294,16 +294,29 @@ class SglConcateAndAppend(SglExpr):
 
 
 class SglSeparateReasoning(SglExpr):
-    """After the gen ``name``: its variable becomes the content after the reasoning block and
-    ``<name>_reasoning_content`` the reasoning (SGLang's ``separate_reasoning``)."""
+    """After the gen or select ``expr`` (or the variable ``var``): that variable becomes the
+    content after the reasoning block, and ``name`` (``<var>_reasoning_content``) the
+    reasoning. SGLang's shape: ``model_type`` is checked when it runs."""
 
-    def __init__(self, model_type: str, name: str) -> None:
+    def __init__(
+        self, model_type: str, expr: SglExpr | None = None, name: str | None = None
+    ) -> None:
         super().__init__()
         self.model_type = model_type
-        self.name = name
+        self.expr = expr
+        self.var = getattr(expr, "name", None) if expr is not None else name
+        if not self.var:
+            raise ValueError("Either expr or name must be provided: a named gen or select")
+        self.name = self.process_name_for_reasoning(self.var)
+
+    @staticmethod
+    def process_name_for_reasoning(name: str) -> str:
+        if not name:
+            raise ValueError("name must be provided")
+        return f"{name}_reasoning_content"
 
     def __repr__(self) -> str:
-        return f"SeparateReasoning({self.name!r}, {self.model_type!r})"
+        return f"SeparateReasoning(model_type={self.model_type}, name={self.name})"
 
 
 class SglMedia(SglExpr):

@@ -289,7 +289,7 @@ class TracerProgramState(RoleMixin):
             self._produced(expr.name)
         elif isinstance(expr, SglSeparateReasoning) and not self.only_trace_prefix:
             self._append(expr)
-            for name in (expr.name, f"{expr.name}_reasoning_content"):
+            for name in (expr.var, expr.name):
                 self._produced(name)
         elif self.only_trace_prefix:
             raise StopTracing()

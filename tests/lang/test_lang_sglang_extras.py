@@ -37,11 +37,35 @@ def test_separate_reasoning_without_a_block_leaves_the_text(tiny):
     assert state["x"] == "hello there" and state["x_reasoning_content"] == ""
 
 
-def test_separate_reasoning_checks_its_arguments():
-    with pytest.raises(ValueError, match="model_type must be one of"):
-        sgl.separate_reasoning(sgl.gen("x"), model_type="gpt-9")
+def test_separate_reasoning_has_sglangs_shape():
+    from radixlm.lang.ir import SglExprList, SglSeparateReasoning
+
+    expr = sgl.separate_reasoning(sgl.gen("test_var"), model_type="deepseek-r1")
+    assert isinstance(expr, SglExprList)
+    split = expr.expr_list[1]
+    assert isinstance(split, SglSeparateReasoning) and split.model_type == "deepseek-r1"
+    assert split.name == "test_var_reasoning_content"
+    assert split.process_name_for_reasoning("other") == "other_reasoning_content"
+    want = "SeparateReasoning(model_type=deepseek-r1, name=test_var_reasoning_content)"
+    assert repr(split) == want
+    with pytest.raises(ValueError, match="Either expr or name must be provided"):
+        SglSeparateReasoning(model_type="deepseek-r1")
     with pytest.raises(ValueError, match="named gen"):
         sgl.separate_reasoning("text", model_type="qwen3")
+    # NOTE: as SGLang, any model_type is taken here; running it checks it
+    unknown = sgl.separate_reasoning(sgl.gen("x"), model_type="invalid-model")
+    assert unknown.expr_list[1].model_type == "invalid-model"
+
+
+def test_separate_reasoning_with_an_unknown_model_type_fails_when_run(tiny):
+    @sgl.function
+    def think(s):
+        s += "Q: "
+        s += sgl.separate_reasoning(sgl.gen("a", max_tokens=2), model_type="invalid-model")
+
+    state = think.run(temperature=0, backend=tiny)
+    assert isinstance(state.error(), ValueError)
+    assert "unsupported model_type 'invalid-model'" in str(state.error())
 
 
 def test_media_inputs_fail_clearly_on_a_text_only_model(tiny):
