@@ -17,6 +17,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "avx2_math.h"
 #include "avx512_math.h"
 #include "flash_attention.h"
 
@@ -27,6 +28,13 @@ using bf16 = at::BFloat16;
 using radixlm::exp16;
 using radixlm::load16;
 using radixlm::tail_mask;
+#elif defined(__AVX2__) && defined(__FMA__)
+#define RADIXLM_AVX2 1
+using radixlm::exp8;
+using radixlm::hmax8;
+using radixlm::hsum8;
+using radixlm::load8;
+using radixlm::tail_mask8;
 #endif
 
 // Where an item reads and writes; the scores buffer holds G rows of n floats.
@@ -135,17 +143,98 @@ void attend_avx512(const Item<T>& it) {
     for (int c = 0; c < DC; ++c) _mm512_storeu_ps(it.out + j * D + c * 16, _mm512_mul_ps(acc[j][c], _mm512_set1_ps(inv[j])));
 }
 
+#define RADIXLM_ATTEND attend_avx512
+#elif RADIXLM_AVX2
+// Fetches row l + 4's bytes [from, from + bytes) of `base`, for a walk over scattered slots
+template <typename T>
+inline void prefetch_ahead(const Item<T>& it, const T* base, int64_t l, int64_t from, int64_t bytes) {
+  if (l + 4 >= it.n) return;
+  const char* row = reinterpret_cast<const char*>(base + it.slots[l + 4] * it.row + from);
+  for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(row + b, _MM_HINT_T0);
+}
+
+constexpr int pow2_floor(int x) { return x < 2 ? 1 : 2 * pow2_floor(x / 2); }
+
+// The AVX-512 kernel's walk in 8-float vectors. AVX2 has 16 registers: the scaled query heads
+// stay in an L1 buffer, and the value pass goes over the head's dimensions in blocks of CB
+// vectors (G * CB accumulators, G probabilities and a value row in registers), each pass
+// reading its own cache lines of each value row.
+template <typename T, int DC, int G>
+void attend_avx2(const Item<T>& it) {
+  constexpr int D = DC * 8, CB = std::min(DC, pow2_floor(std::max(1, 15 / G - 1)));
+  const float inf = std::numeric_limits<float>::infinity();
+  alignas(32) float q[G][D];
+  for (int j = 0; j < G; ++j)
+    for (int c = 0; c < DC; ++c)
+      _mm256_store_ps(q[j] + c * 8, _mm256_mul_ps(load8(it.q + j * D + c * 8), _mm256_set1_ps(it.scale)));
+  for (int64_t l = 0; l < it.n; ++l) {
+    prefetch_ahead(it, it.k, l, 0, D * sizeof(T));
+    const T* key = it.k + it.slots[l] * it.row;
+    __m256 acc[G];
+    for (int j = 0; j < G; ++j) acc[j] = _mm256_setzero_ps();
+    for (int c = 0; c < DC; ++c) {
+      const __m256 k = load8(key + c * 8);
+      for (int j = 0; j < G; ++j) acc[j] = _mm256_fmadd_ps(_mm256_load_ps(q[j] + c * 8), k, acc[j]);
+    }
+    for (int j = 0; j < G; ++j) it.scores[j * it.n + l] = hsum8(acc[j]);
+  }
+  float inv[G];
+  for (int j = 0; j < G; ++j) {
+    float* s = it.scores + j * it.n;
+    __m256 top = _mm256_set1_ps(-inf);
+    for (int64_t l = 0; l < it.n; l += 8) {
+      const __m256i m = tail_mask8(it.n - l);
+      const __m256 x = _mm256_maskload_ps(s + l, m);
+      top = _mm256_max_ps(top, _mm256_blendv_ps(_mm256_set1_ps(-inf), x, _mm256_castsi256_ps(m)));
+    }
+    const float max = hmax8(top);
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t l = 0; l < it.n; l += 8) {
+      const __m256i m = tail_mask8(it.n - l);
+      __m256 p = exp8(_mm256_sub_ps(_mm256_maskload_ps(s + l, m), _mm256_set1_ps(max)));
+      p = _mm256_blendv_ps(_mm256_setzero_ps(), p, _mm256_castsi256_ps(m));
+      sum = _mm256_add_ps(sum, p);
+      _mm256_maskstore_ps(s + l, m, p);
+    }
+    const float total = hsum8(sum);
+    inv[j] = 1.f / total;
+    it.lse[j] = max + std::log(total);
+  }
+  for (int c0 = 0; c0 < DC; c0 += CB) {
+    __m256 acc[G][CB];
+    for (int j = 0; j < G; ++j)
+      for (int c = 0; c < CB; ++c) acc[j][c] = _mm256_setzero_ps();
+    for (int64_t l = 0; l < it.n; ++l) {
+      prefetch_ahead(it, it.v, l, c0 * 8, CB * 8 * sizeof(T));
+      const T* value = it.v + it.slots[l] * it.row + c0 * 8;
+      __m256 p[G];
+      for (int j = 0; j < G; ++j) p[j] = _mm256_set1_ps(it.scores[j * it.n + l]);
+      for (int c = 0; c < CB; ++c) {
+        const __m256 v = load8(value + c * 8);
+        for (int j = 0; j < G; ++j) acc[j][c] = _mm256_fmadd_ps(p[j], v, acc[j][c]);
+      }
+    }
+    for (int j = 0; j < G; ++j)
+      for (int c = 0; c < CB; ++c)
+        _mm256_storeu_ps(it.out + j * D + (c0 + c) * 8, _mm256_mul_ps(acc[j][c], _mm256_set1_ps(inv[j])));
+  }
+}
+#define RADIXLM_ATTEND attend_avx2
+#endif
+
+#if defined(RADIXLM_ATTEND)
+// The vector kernel of this ISA for DC vectors a head, by the GQA group size
 template <typename T, int DC>
 bool attend_group(const Item<T>& it, int64_t G) {
   switch (G) {
-    case 1: attend_avx512<T, DC, 1>(it); return true;
-    case 2: attend_avx512<T, DC, 2>(it); return true;
-    case 3: attend_avx512<T, DC, 3>(it); return true;
-    case 4: attend_avx512<T, DC, 4>(it); return true;
-    case 5: attend_avx512<T, DC, 5>(it); return true;
-    case 6: attend_avx512<T, DC, 6>(it); return true;
-    case 7: attend_avx512<T, DC, 7>(it); return true;
-    case 8: attend_avx512<T, DC, 8>(it); return true;
+    case 1: RADIXLM_ATTEND<T, DC, 1>(it); return true;
+    case 2: RADIXLM_ATTEND<T, DC, 2>(it); return true;
+    case 3: RADIXLM_ATTEND<T, DC, 3>(it); return true;
+    case 4: RADIXLM_ATTEND<T, DC, 4>(it); return true;
+    case 5: RADIXLM_ATTEND<T, DC, 5>(it); return true;
+    case 6: RADIXLM_ATTEND<T, DC, 6>(it); return true;
+    case 7: RADIXLM_ATTEND<T, DC, 7>(it); return true;
+    case 8: RADIXLM_ATTEND<T, DC, 8>(it); return true;
     default: return false;
   }
 }
@@ -160,6 +249,14 @@ bool attend_vector(const Item<T>& it, int64_t G, int64_t D) {
     case 32: return attend_group<T, 2>(it, G);
     case 64: return attend_group<T, 4>(it, G);
     case 128: return attend_group<T, 8>(it, G);
+    default: return false;
+  }
+#elif RADIXLM_AVX2
+  switch (D) {
+    case 16: return attend_group<T, 2>(it, G);
+    case 32: return attend_group<T, 4>(it, G);
+    case 64: return attend_group<T, 8>(it, G);
+    case 128: return attend_group<T, 16>(it, G);
     default: return false;
   }
 #else

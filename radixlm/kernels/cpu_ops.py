@@ -51,7 +51,7 @@ logger = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
 SOURCES = [HERE / "cpu_ops.cpp", HERE / "flash_attention.cpp", HERE / "gguf_matmul.cpp"]
-HEADERS = [HERE / "avx512_math.h", HERE / "flash_attention.h"]
+HEADERS = [HERE / "avx2_math.h", HERE / "avx512_math.h", HERE / "flash_attention.h"]
 _lock = threading.Lock()
 _loaded: bool | None = None
 
