@@ -415,23 +415,13 @@ at::Tensor argmax(const at::Tensor& logits) {
   return out;
 }
 
-// RMSNorm of bf16 rows as torch's composite computes it: float32 throughout (the weight
-// widened too), rounded once; the sum of squares in 16 lanes (vectorised) added in order.
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16,
-              "rms_norm: x and weight bfloat16");
-  const int64_t h = x.size(-1);
-  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == h, "rms_norm: weight [x.size(-1)]");
-  const at::Tensor xc = x.contiguous(), wc = weight.contiguous();
-  at::Tensor out = at::empty_like(xc);
-  const bf16* xp = xc.data_ptr<bf16>();
-  const bf16* wp = wc.data_ptr<bf16>();
-  bf16* op = out.data_ptr<bf16>();
-  const int64_t rows = h ? xc.numel() / h : 0;
-  const float feps = static_cast<float>(eps);
+// RMSNorm of bf16 or float32 rows as torch's composite computes it: float32 throughout (the
+// weight widened too), rounded once; the sum of squares in 16 lanes (vectorised) added in order.
+template <typename T>
+void rms_norm_rows(const T* xp, const T* wp, T* op, int64_t rows, int64_t h, float eps) {
   at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      const bf16* xr = xp + r * h;
+      const T* xr = xp + r * h;
       float lanes[16] = {0.f};
       int64_t i = 0;
       for (; i + 16 <= h; i += 16)
@@ -439,10 +429,26 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
       float sum = 0.f;
       for (int j = 0; j < 16; ++j) sum += lanes[j];
       for (; i < h; ++i) sum += float(xr[i]) * float(xr[i]);
-      const float inv = 1.f / std::sqrt(sum / static_cast<float>(h) + feps);
-      for (int64_t k = 0; k < h; ++k) op[r * h + k] = bf16(float(xr[k]) * inv * float(wp[k]));
+      const float inv = 1.f / std::sqrt(sum / static_cast<float>(h) + eps);
+      for (int64_t k = 0; k < h; ++k) op[r * h + k] = T(float(xr[k]) * inv * float(wp[k]));
     }
   });
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const auto dtype = x.scalar_type();
+  TORCH_CHECK((dtype == at::kBFloat16 || dtype == at::kFloat) && weight.scalar_type() == dtype,
+              "rms_norm: x and weight bfloat16 or float32, the same");
+  const int64_t h = x.size(-1);
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == h, "rms_norm: weight [x.size(-1)]");
+  const at::Tensor xc = x.contiguous(), wc = weight.contiguous();
+  at::Tensor out = at::empty_like(xc);
+  const int64_t rows = h ? xc.numel() / h : 0;
+  if (dtype == at::kBFloat16) {
+    rms_norm_rows(xc.data_ptr<bf16>(), wc.data_ptr<bf16>(), out.data_ptr<bf16>(), rows, h, float(eps));
+  } else {
+    rms_norm_rows(xc.data_ptr<float>(), wc.data_ptr<float>(), out.data_ptr<float>(), rows, h, float(eps));
+  }
   return out;
 }
 

@@ -115,3 +115,18 @@ def test_rms_norm_is_torchs_in_one_op(kernel, shape):
     assert ((got.double() - exact).abs() <= ulp).all()
     assert ((got.double() - want.double()).abs() <= ulp).all()
     assert (got == want).float().mean() > 0.95
+
+
+@pytest.mark.parametrize("shape", [(1, 576), (7, 64), (3, 5, 40)])
+def test_rms_norm_in_float32_is_torchs_to_rounding(kernel, shape):
+    """Float32 rows (the eager steps of a model run in float32): torch's values to a few ulps;
+    a weight of another dtype is refused."""
+    gen = torch.Generator().manual_seed(shape[-1])
+    x = torch.randn(*shape, generator=gen) * 3
+    weight = torch.rand(shape[-1], generator=gen) + 0.5
+    got = cpu_ops.rms_norm(x, weight, 1e-6)
+    assert got.dtype == torch.float32 and got.shape == x.shape
+    want = torch.nn.functional.rms_norm(x, shape[-1:], weight, 1e-6)
+    torch.testing.assert_close(got, want, rtol=4e-6, atol=1e-6)
+    with pytest.raises(RuntimeError, match="the same"):
+        cpu_ops.rms_norm(x, weight.bfloat16(), 1e-6)

@@ -129,6 +129,23 @@ def test_bf16_extends_take_the_cpp_flash_kernel(shared, extends, monkeypatch):
     assert len(calls) == (extending > 0) + cascades
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("extends", [[1, 1, 1, 1], [1], [5, 1, 9, 1], [3, 7]])
+def test_decode_groups_take_the_cpp_decode_kernel(extends, dtype, monkeypatch):
+    """With the CPU kernels loaded, a decode group sharing no prefix attends through
+    ``cpu_ops.decode_attention`` (no gathered copy), to the reference's values; extend groups
+    never do."""
+    assert cpu_ops.load(), "the kernel must build here"
+    calls = []
+    kernel = cpu_ops.decode_attention
+    monkeypatch.setattr(cpu_ops, "decode_attention", lambda *a: calls.append(a) or kernel(*a))
+    out, expected, groups = attend(0, extends, 5, dtype)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.float(), expected, atol=tol, rtol=tol)
+    assert [g.token_slot is not None for g in groups] == [g.max_extend == 1 for g in groups]
+    assert len(calls) == (1 in extends)  # one layer
+
+
 @pytest.mark.parametrize("window", [1, 6, 30])
 @pytest.mark.parametrize("shared", [0, 70])
 @pytest.mark.parametrize("extends", [[1, 1, 1, 1], [5, 1, 9, 1], [40], [40, 1]])
