@@ -144,6 +144,7 @@ void attend_avx512(const Item<T>& it) {
 }
 
 #define RADIXLM_ATTEND attend_avx512
+constexpr int kLanes = 16;
 #elif RADIXLM_AVX2
 // Fetches row l + 4's bytes [from, from + bytes) of `base`, for a walk over scattered slots
 template <typename T>
@@ -220,6 +221,7 @@ void attend_avx2(const Item<T>& it) {
   }
 }
 #define RADIXLM_ATTEND attend_avx2
+constexpr int kLanes = 8;
 #endif
 
 #if defined(RADIXLM_ATTEND)
@@ -243,20 +245,12 @@ bool attend_group(const Item<T>& it, int64_t G) {
 // Whether a vector kernel served the item (else the scalar one does)
 template <typename T>
 bool attend_vector(const Item<T>& it, int64_t G, int64_t D) {
-#if defined(__AVX512F__)
-  switch (D) {
-    case 16: return attend_group<T, 1>(it, G);
-    case 32: return attend_group<T, 2>(it, G);
-    case 64: return attend_group<T, 4>(it, G);
-    case 128: return attend_group<T, 8>(it, G);
-    default: return false;
-  }
-#elif RADIXLM_AVX2
-  switch (D) {
-    case 16: return attend_group<T, 2>(it, G);
-    case 32: return attend_group<T, 4>(it, G);
-    case 64: return attend_group<T, 8>(it, G);
-    case 128: return attend_group<T, 16>(it, G);
+#if defined(RADIXLM_ATTEND)
+  switch (D) {  // NOTE: DC = D / kLanes vectors a head
+    case 16: return attend_group<T, 16 / kLanes>(it, G);
+    case 32: return attend_group<T, 32 / kLanes>(it, G);
+    case 64: return attend_group<T, 64 / kLanes>(it, G);
+    case 128: return attend_group<T, 128 / kLanes>(it, G);
     default: return false;
   }
 #else
