@@ -195,7 +195,8 @@ def separate_reasoning(expr: SglExpr | None = None, model_type: str | None = Non
 
 
 def image(path: str) -> SglExpr:
-    """SGLang's image input; running it on radixlm's text-only models raises a clear error."""
+    """SGLang's image input (a file path, URL or bytes): sent as an ``image_url`` part through
+    the ``OpenAI`` backend; running it on radixlm's text-only models raises a clear error."""
     return SglMedia("image", path)
 
 

@@ -26,6 +26,7 @@ class ChatTemplate:
     default_system_prompt: str | None = None
     stop_str: tuple[str, ...] = ()
     llama2_style: bool = False
+    image_token: str = "<image>"
 
     def get_prefix_and_suffix(self, role: str, hist_messages: Messages) -> tuple[str, str]:
         """The prefix and suffix of a ``role`` message that follows ``hist_messages``."""

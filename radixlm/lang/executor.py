@@ -35,6 +35,7 @@ from radixlm.lang.ir import (
     SglVarScopeEnd,
     as_expr,
 )
+from radixlm.lang.media import image_url
 from radixlm.lang.tools import read_tool_calls
 from radixlm.runtime.reasoning import REASONING_PARSERS, get_reasoning_parser
 
@@ -81,7 +82,8 @@ class StreamExecutor:
         self.chat_template = chat_template or backend.get_chat_template()
         self.stream = stream
         self.text_ = ""
-        self.messages_: list[dict[str, str]] = []
+        self.messages_: list[dict[str, Any]] = []
+        self.cur_images: list[tuple[int, str]] = []  # (where in text_, URL) in the open role
         self.variables: dict[Any, Any] = {}
         self.meta_info: dict[Any, Any] = {}
         self.variable_event: dict[Any, threading.Event] = {}
@@ -195,7 +197,7 @@ class StreamExecutor:
         self.sync()
         return self.text_
 
-    def messages(self) -> list[dict[str, str]]:
+    def messages(self) -> list[dict[str, Any]]:
         self.sync()
         return self.messages_
 
@@ -224,6 +226,7 @@ class StreamExecutor:
         exe.meta_info = dict(self.meta_info)
         exe.text_ = self.text_
         exe.messages_ = list(self.messages_)
+        exe.cur_images = list(self.cur_images)
         exe.cur_role = self.cur_role
         exe.cur_role_begin_pos = self.cur_role_begin_pos
         exe.fork_start_text_pos = len(self.text_)
@@ -323,11 +326,29 @@ class StreamExecutor:
         self.cur_role_begin_pos = len(self.text_)
 
     def _execute_role_end(self, expr: SglRoleEnd) -> None:
-        content = self.text_[self.cur_role_begin_pos:].lstrip()
+        content = self._role_content()
         _, suffix = self.chat_template.get_prefix_and_suffix(expr.role, self.messages_)
         self._fill(suffix)
         self.messages_.append({"role": expr.role, "content": content})
         self.cur_role = None
+
+    def _role_content(self) -> str | list[dict[str, Any]]:
+        """The open role's text, or with images OpenAI's content parts in the program's order
+        (text, ``image_url``, ...; the image tokens in ``text_`` are left out of the parts)."""
+        images, self.cur_images = self.cur_images, []
+        if not images:
+            return self.text_[self.cur_role_begin_pos:].lstrip()
+        parts: list[dict[str, Any]] = []
+        start, token = self.cur_role_begin_pos, len(self.chat_template.image_token)
+        for at, url in images:
+            text = self.text_[start:at]
+            if text.strip():
+                parts.append({"type": "text", "text": text.lstrip() if not parts else text})
+            parts.append({"type": "image_url", "image_url": {"url": url}})
+            start = at + token
+        if self.text_[start:].strip():
+            parts.append({"type": "text", "text": self.text_[start:]})
+        return parts
 
     def _execute_var_scope_begin(self, expr: SglVarScopeBegin) -> None:
         self._scope_starts[expr.name] = len(self.text_)
@@ -355,10 +376,16 @@ class StreamExecutor:
         self._set_var(expr.name, reasoning or "", None)
 
     def _execute_media(self, expr: SglMedia) -> None:
-        raise ValueError(
-            f"sgl.{expr.kind}({expr.path!r}): {expr.kind} input is not supported by this model "
-            "(radixlm serves text-only models)"
-        )
+        if expr.kind != "image" or not self.backend.supports_images:
+            raise ValueError(
+                f"sgl.{expr.kind}({expr.path!r}): {expr.kind} input is not supported by this "
+                f"model ({type(self.backend).__name__}; radixlm serves text-only models, and "
+                "images reach a vision chat model through the OpenAI backend)"
+            )
+        if self.cur_role is None:
+            raise ValueError(f"sgl.image({expr.path!r}) must be inside a role (user, ...)")
+        self.cur_images.append((len(self.text_), image_url(expr.path)))
+        self._fill(self.chat_template.image_token)
 
 
 _HANDLERS = {

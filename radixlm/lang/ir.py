@@ -320,7 +320,8 @@ class SglSeparateReasoning(SglExpr):
 
 
 class SglMedia(SglExpr):
-    """``sgl.image`` / ``sgl.video``: an input the text-only models radixlm serves cannot take."""
+    """``sgl.image`` / ``sgl.video``: an input the text-only models radixlm serves cannot take
+    (an image goes to a vision chat model through the ``OpenAI`` backend)."""
 
     def __init__(self, kind: str, path: str) -> None:
         super().__init__()

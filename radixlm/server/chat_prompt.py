@@ -30,6 +30,15 @@ def supports_tools(template: str | None) -> bool:
     return template is not None and "tools" in template
 
 
+def check_text_only(messages: list[ChatMessage]) -> None:
+    """A ValueError naming the first image, audio or file part: the models are text-only."""
+    for i, m in enumerate(messages):
+        try:
+            m.text()
+        except ValueError as e:
+            raise ValueError(f"messages[{i}].{e}") from None
+
+
 def render_chat(
     tokenizer,
     req: ChatCompletionRequest,
@@ -40,6 +49,7 @@ def render_chat(
     text = template_text(tokenizer, template)
     if text is None:
         raise ValueError("the model has no chat template; start the server with --chat-template")
+    check_text_only(req.messages)
     kwargs: dict[str, Any] = dict(req.chat_template_kwargs or {})
     if supports_tools(text):
         messages = [_native(m) for m in req.messages]

@@ -16,7 +16,7 @@ from radixlm.runtime.io_struct import GenerateInput, SingleRequest
 from radixlm.runtime.tokenizer_manager import THREAD_TOKENIZE_CHARS
 from radixlm.server import openai_format as fmt
 from radixlm.server.chat_output import ChoiceStream, chat_message
-from radixlm.server.chat_prompt import template_text
+from radixlm.server.chat_prompt import check_text_only, template_text
 from radixlm.server.chat_tools import ChatPlan, plan_chat
 from radixlm.server.errors import ERROR_RESPONSES, STREAM_RESPONSE, APIError
 from radixlm.server.lenient import check_fields
@@ -133,6 +133,7 @@ async def chat_call(request: Request, body: ChatCompletionRequest) -> Call:
             "messages are unavailable: the server runs with --skip-tokenizer-init (no "
             "tokenizer for the chat template); send token ids to /v1/completions"
         )
+    check_text_only(body.messages)
     template = template_text(state.tokenizer, state.chat_template)
     args = state.args
     plan = plan_chat(

@@ -212,6 +212,14 @@ class TextPart(BaseModel):
     text: str
 
 
+class MediaPart(BaseModel):
+    """An image, audio, video or file part: parsed so the refusal can name it."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["image_url", "input_image", "image", "input_audio", "audio_url", "video_url",
+                  "file", "input_file"]
+
+
 class FunctionCall(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
     name: str
@@ -230,7 +238,7 @@ class ToolCallItem(BaseModel):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[TextPart | MediaPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCallItem] | None = None
     tool_call_id: str | None = None
@@ -238,6 +246,11 @@ class ChatMessage(BaseModel):
 
     def text(self) -> str:
         if isinstance(self.content, list):
+            for j, part in enumerate(self.content):
+                if isinstance(part, MediaPart):
+                    raise ValueError(
+                        f"content[{j}] ({part.type}) is not supported by this text-only model"
+                    )
             return "".join(part.text for part in self.content)
         return self.content or ""
 

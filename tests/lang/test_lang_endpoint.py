@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 
 import radixlm as sgl
@@ -120,3 +122,57 @@ def test_openai_backend_counts_token_usage(server_url, openai_model):
 
 def test_backends_have_sglangs_endpoint(endpoint, smol):
     assert endpoint.endpoint is endpoint and smol.endpoint is smol
+
+
+PNG = b"\x89PNG\r\n\x1a\n" + bytes(24)  # the signature is what identifies it
+
+
+@sgl.function
+def image_qa(s, picture):
+    s += sgl.user(sgl.image(picture) + "What is in this picture?")
+    s += sgl.assistant(sgl.gen("answer", max_tokens=8))
+
+
+def test_openai_backend_sends_images_as_image_url_parts(server_url, openai_model, tmp_path):
+    """SGLang's image_qa through the OpenAI backend: the user message carries OpenAI's vision
+    parts in the program's order; radixlm's text-only server refuses them by name (a 400)."""
+    import openai
+
+    picture = tmp_path / "cat.png"
+    picture.write_bytes(PNG)
+    backend = sgl.OpenAI(openai_model, base_url=server_url + "/v1")
+    state = image_qa.run(picture=str(picture), temperature=0, backend=backend)
+    error = state.error()
+    assert isinstance(error, openai.BadRequestError)
+    refusal = "messages[0].content[0] (image_url) is not supported by this text-only model"
+    assert refusal in str(error)
+    user = state.messages()[-1]
+    assert user["role"] == "user"
+    assert user["content"] == [
+        {"type": "image_url",
+         "image_url": {"url": "data:image/png;base64," + base64.b64encode(PNG).decode()}},
+        {"type": "text", "text": "What is in this picture?"},
+    ]  # fmt: skip
+    assert "<image>What is in this picture?" in state.text()
+
+
+def test_image_sources_become_urls(tmp_path):
+    from radixlm.lang.media import image_url
+
+    assert image_url("https://example.com/cat.png") == "https://example.com/cat.png"
+    assert image_url(PNG).startswith("data:image/png;base64,")
+    jpeg = tmp_path / "x.jpg"
+    jpeg.write_bytes(b"\xff\xd8\xff" + bytes(8))
+    assert image_url(jpeg).startswith("data:image/jpeg;base64,")
+    with pytest.raises(ValueError, match="no such file"):
+        image_url(str(tmp_path / "missing.png"))
+    with pytest.raises(ValueError, match="not an image"):
+        image_url(b"plain text")
+
+
+def test_images_need_a_chat_model(server_url, openai_model, tmp_path):
+    picture = tmp_path / "cat.png"
+    picture.write_bytes(PNG)
+    backend = sgl.OpenAI(openai_model, is_chat_model=False, base_url=server_url + "/v1")
+    error = image_qa.run(picture=str(picture), backend=backend).error()
+    assert isinstance(error, ValueError) and "image input is not supported" in str(error)

@@ -45,3 +45,17 @@ def test_every_streamed_chat_delta_has_reasoning_content(tiny_client):
     deltas = [c["delta"] for f in frames for c in f["choices"]][1:]  # after the role chunk
     assert deltas and all("reasoning_content" in d for d in deltas)
     assert all(d["reasoning_content"] is None for d in deltas)  # the tiny model has no parser
+
+
+def test_image_parts_are_refused_by_name(tiny_client):
+    """What SGLang's image_qa sends through the OpenAI backend; text parts still work."""
+    picture = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    text = {"type": "text", "text": "What is this?"}
+    body = {**CHAT, "messages": [{"role": "user", "content": [text, picture]}]}
+    r = tiny_client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == (
+        "messages[0].content[1] (image_url) is not supported by this text-only model")
+    r = tiny_client.post("/v1/chat/completions",
+                         json={**CHAT, "messages": [{"role": "user", "content": [text]}]})
+    assert r.status_code == 200, r.text

@@ -21,6 +21,7 @@ class BaseBackend:
     """
 
     is_chat_model = False
+    supports_images = False  # whether ``sgl.image`` inputs reach the model
 
     def __init__(self, chat_template: ChatTemplate | None = None) -> None:
         self.chat_template = chat_template or get_chat_template("default")

@@ -65,6 +65,11 @@ class OpenAI(BaseBackend):
             chat_template = get_chat_template(chat_template)
         super().__init__(chat_template or get_chat_template_by_model_path(model_name))
 
+    @property
+    def supports_images(self) -> bool:
+        """Images travel as ``image_url`` parts of chat messages (vision models)."""
+        return self.is_chat_model
+
     # -- generation ----------------------------------------------------------------------------
 
     def generate(self, s: StreamExecutor, sampling_params: SglSamplingParams) -> tuple[Any, Any]:
