@@ -271,9 +271,9 @@ class StreamExecutor:
     def _execute_gen_stream(self, name: Any, params: SglSamplingParams) -> None:
         self.variables[name], meta = "", None
         for delta, meta in self.backend.generate_stream(self, params):
+            self.meta_info[name] = meta  # NOTE: before the text: a reader's meta is never behind
             self.text_ += delta
             self.variables[name] += delta
-            self.meta_info[name] = meta
             self.stream_var_event[name].set()
             self.stream_text_event.set()
         if params.parse_tool_calls:

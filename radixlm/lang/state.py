@@ -147,24 +147,48 @@ class ProgramState(RoleMixin):
 
     # -- streaming -----------------------------------------------------------------------------
 
-    def text_iter(self, var_name: Any = None) -> Iterator[str]:
+    def text_iter(self, var_name: Any = None, return_meta_data: bool = False) -> Iterator[Any]:
         """Yield text as it is produced: the whole text, or one variable's. Without
-        ``stream=True`` it yields the final value once."""
+        ``stream=True`` it yields the final value once. With ``return_meta_data`` (and a
+        variable) it yields ``(text, meta_info)``, as SGLang's: the meta's output logprob lists
+        hold only the tokens new since the last chunk, ``output_token_logprobs_length`` counts
+        them all."""
         exe = self.stream_executor
         if not exe.stream:
-            yield self.text() if var_name is None else str(self.get_var(var_name))
+            if var_name is None:
+                yield self.text()
+            elif return_meta_data:
+                yield str(self.get_var(var_name)), self.get_meta_info(var_name)
+            else:
+                yield str(self.get_var(var_name))
             return
         if var_name is None:
             yield from _follow(exe.stream_text_event, lambda: exe.text_, lambda: exe.is_finished)
             return
         event = self._wait_stream_var(var_name)
-        if event is not None:
-            yield from _follow(event, lambda: str(exe.variables.get(var_name, "")),
-                               lambda: exe.variable_event[var_name].is_set())
+        if event is None:
+            return
+        chunks = _follow(event, lambda: str(exe.variables.get(var_name, "")),
+                         lambda: exe.variable_event[var_name].is_set())  # fmt: skip
+        if not return_meta_data:
+            yield from chunks
+            return
+        sent = 0
+        for chunk in chunks:
+            meta = dict(exe.meta_info.get(var_name) or {})
+            total = len(meta.get("output_token_logprobs") or [])
+            for key in _INCREMENTAL_META:
+                if meta.get(key) is not None:
+                    meta[key] = list(meta[key])[sent:]
+            meta["output_token_logprobs_length"] = total
+            sent = total
+            yield chunk, meta
 
-    async def text_async_iter(self, var_name: Any = None) -> AsyncIterator[str]:
+    async def text_async_iter(
+        self, var_name: Any = None, return_meta_data: bool = False
+    ) -> AsyncIterator[Any]:
         """``text_iter`` as an async iterator (event waits run in a thread)."""
-        iterator = self.text_iter(var_name)
+        iterator = self.text_iter(var_name, return_meta_data)
         loop = asyncio.get_running_loop()
         done = object()
         while (chunk := await loop.run_in_executor(None, next, iterator, done)) is not done:
@@ -177,6 +201,9 @@ class ProgramState(RoleMixin):
                 return None
             exe.stream_text_event.wait(0.05)
         return exe.stream_var_event[var_name]
+
+
+_INCREMENTAL_META = ("output_token_logprobs", "output_top_logprobs")
 
 
 def _follow(event, read: Callable[[], str], done: Callable[[], bool]) -> Iterator[str]:

@@ -103,3 +103,37 @@ def test_async_text_iterator(tiny):
 def test_text_iter_without_streaming_yields_the_final_value(tiny):
     state = streamed.run(temperature=0, backend=tiny)
     assert list(state.text_iter("numbers")) == [state["numbers"]]
+
+
+@sgl.function
+def streamed_logprobs(s):
+    s += "Count: "
+    s += sgl.gen("numbers", max_tokens=12, ignore_eos=True, return_logprob=True)
+
+
+def test_stream_meta_data_carries_each_chunks_new_logprobs(tiny):
+    """SGLang's ``text_async_iter(var, return_meta_data=True)``: (text, meta) pairs whose
+    output logprobs are the chunk's own, adding up to every token."""
+    state = streamed_logprobs.run(stream=True, temperature=0, backend=tiny)
+
+    async def collect():
+        return [pair async for pair in state.text_async_iter("numbers", return_meta_data=True)]
+
+    chunks, seen = asyncio.run(collect()), 0
+    assert chunks and "".join(text for text, _ in chunks) == state["numbers"]
+    for text, meta in chunks:
+        assert text
+        assert meta["completion_tokens"] == meta["output_token_logprobs_length"]
+        assert len(meta["output_token_logprobs"]) == meta["completion_tokens"] - seen
+        seen = meta["completion_tokens"]
+    final = state.get_meta_info("numbers")["output_token_logprobs"]
+    assert [entry for _, meta in chunks for entry in meta["output_token_logprobs"]] \
+        == final[:seen]
+    assert list(streamed_logprobs.run(temperature=0, backend=tiny).text_iter(
+        "numbers", return_meta_data=True))[0][1]["completion_tokens"] == 12
+
+
+def test_backends_name_their_model(tiny):
+    assert tiny.get_model_name() == str(tiny.engine.server_args.model_path) != "None"
+    assert sgl.OpenAI("some-model", base_url="http://127.0.0.1:9/v1").get_model_name() \
+        == "some-model"

@@ -26,6 +26,9 @@ class BaseBackend:
     def __init__(self, chat_template: ChatTemplate | None = None) -> None:
         self.chat_template = chat_template or get_chat_template("default")
 
+    def get_model_name(self) -> str:
+        raise NotImplementedError(f"{type(self).__name__} has no model name")
+
     def get_chat_template(self) -> ChatTemplate:
         return self.chat_template
 

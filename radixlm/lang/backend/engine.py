@@ -53,6 +53,9 @@ class EngineBackend(GenerateApiBackend):
         """SGLang's ``Runtime.endpoint`` (the backend a program runs on): this backend."""
         return self
 
+    def get_model_name(self) -> str:
+        return str(self.engine.info["model_path"])
+
     def flush_cache(self) -> bool:
         return self.engine.flush_cache()
 

@@ -65,6 +65,9 @@ class OpenAI(BaseBackend):
             chat_template = get_chat_template(chat_template)
         super().__init__(chat_template or get_chat_template_by_model_path(model_name))
 
+    def get_model_name(self) -> str:
+        return self.model_name
+
     @property
     def supports_images(self) -> bool:
         """Images travel as ``image_url`` parts of chat messages (vision models)."""
