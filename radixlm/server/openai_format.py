@@ -29,6 +29,8 @@ FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
 def openai_message(message: str) -> tuple[str, str | None, str | None]:
     """A runtime error message in OpenAI's parameter names, the parameter it is about, and
     OpenAI's error code where it has one (``context_length_exceeded``, which clients test)."""
+    if message.startswith("max_new_tokens is too large"):  # NOTE: as SGLang words it
+        return message.replace("max_new_tokens", "max_completion_tokens", 1), "max_tokens", None
     for ours, theirs in OPENAI_NAMES.items():
         message = message.replace(ours, theirs)
     if "maximum context length" in message:

@@ -59,3 +59,22 @@ def test_image_parts_are_refused_by_name(tiny_client):
     r = tiny_client.post("/v1/chat/completions",
                          json={**CHAT, "messages": [{"role": "user", "content": [text]}]})
     assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions", "/generate"])
+def test_max_tokens_beyond_the_context_reads_as_sglangs(tiny_client, route):
+    """SGLang's words when max_tokens alone exceeds the context (not a prompt overflow, which
+    clients tell by the code); the context length is named."""
+    body = {**CHAT, "max_tokens": 5000}
+    if route == "/v1/completions":
+        body = {"model": "tiny", "prompt": "Hi", "max_tokens": 5000}
+    elif route == "/generate":
+        body = {"text": "Hi", "sampling_params": {"max_new_tokens": 5000}}
+    r = tiny_client.post(route, json=body)
+    assert r.status_code == 400
+    error = r.json()["error"]
+    field = "max_new_tokens" if route == "/generate" else "max_completion_tokens"
+    assert error["message"].startswith(f"{field} is too large: 5000. This model supports at most")
+    assert "maximum context length" in error["message"]
+    if route != "/generate":
+        assert error["param"] == "max_tokens" and error["code"] != "context_length_exceeded"
