@@ -203,7 +203,7 @@ class ProgramState(RoleMixin):
         return exe.stream_var_event[var_name]
 
 
-_INCREMENTAL_META = ("output_token_logprobs", "output_top_logprobs")
+_INCREMENTAL_META = ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs")
 
 
 def _follow(event, read: Callable[[], str], done: Callable[[], bool]) -> Iterator[str]:

@@ -59,12 +59,14 @@ class Engine:
         cache_salt: str | None = None,
         priority: int = 0,
         lora_path: str | list[str | None] | None = None,
+        token_ids_logprob: list[int] | list[list[int]] | None = None,
     ) -> dict | list[dict] | Iterator[dict]:
         """Generate for one prompt (a dict), a batch (a list), or stream one prompt's chunks.
         ``cache_salt``: share cached prefixes only with requests of the same salt.
         ``priority`` (with ``schedule_policy="priority"``): lower values are scheduled first.
         ``lora_path``: the name of a loaded LoRA adapter (or one per prompt; None: the base
-        model)."""
+        model). ``token_ids_logprob`` (with ``return_logprob``): the logprobs of these token ids
+        at every output token, ``meta_info["output_token_ids_logprobs"]``."""
         obj = GenerateInput(
             prompt,
             input_ids,
@@ -78,6 +80,7 @@ class Engine:
             cache_salt,
             priority,
             lora_path,
+            token_ids_logprob,
         )
         if stream:
             return self._stream(obj)

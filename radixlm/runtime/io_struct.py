@@ -35,6 +35,7 @@ class SingleRequest:
     lora_name: str | None = None  # a loaded LoRA adapter; None: the base model
     pooling: str | None = None  # an embedding request: "last" | "mean" (no output tokens)
     normalize: bool = True  # the embedding divided by its L2 norm
+    token_ids_logprob: list[int] | None = None  # ids whose logprobs each output token reports
 
 
 @dataclass
@@ -53,6 +54,7 @@ class GenerateInput:
     cache_salt: str | None = None
     priority: int = 0
     lora_path: str | list[str | None] | None = None  # SGLang's name: an adapter per prompt
+    token_ids_logprob: list[int] | list[list[int]] | None = None  # one list, or one per prompt
 
     @property
     def is_batch(self) -> bool:
@@ -68,8 +70,9 @@ class GenerateInput:
         params = self._per_prompt(self.sampling_params, len(prompts), "sampling_params", dict)
         rids = self._per_prompt(self.rid, len(prompts), "rid", str)
         loras = self._per_prompt(self.lora_path, len(prompts), "lora_path", str)
+        id_lists = self._token_ids_logprob(len(prompts))
         out = []
-        for prompt, p, rid, lora in zip(prompts, params, rids, loras):
+        for prompt, p, rid, lora, ids in zip(prompts, params, rids, loras, id_lists):
             p = dict(p or {})
             n = p.pop("n", None)
             n = 1 if n is None else n
@@ -83,6 +86,7 @@ class GenerateInput:
                 single = self._single(prompt, sp, rid if n == 1 else f"{rid}-{i}")
                 single.group = rid if n > 1 else None
                 single.lora_name = lora
+                single.token_ids_logprob = ids
                 out.append(single)
         if len({r.rid for r in out}) < len(out):
             raise ValueError("rid must name each prompt once: give a list of distinct rids")
@@ -104,6 +108,25 @@ class GenerateInput:
         if not prompts:
             raise ValueError("the batch is empty")
         return prompts
+
+    def _token_ids_logprob(self, n: int) -> list[list[int] | None]:
+        """One flat list of ids per prompt: a batch takes one list for all or a list per prompt;
+        one prompt takes one flat list."""
+        value = self.token_ids_logprob
+        if value is None:
+            return [None] * n
+        flat = isinstance(value, list) and all(_is_int(t) for t in value)
+        nested = (isinstance(value, list) and len(value) == n and self.is_batch
+                  and all(isinstance(v, list) and all(map(_is_int, v)) for v in value))  # fmt: skip
+        if flat:
+            return [list(value)] * n
+        if nested:
+            return [list(v) for v in value]
+        if not self.is_batch:
+            raise ValueError("token_ids_logprob must be a flat list of integers for one prompt")
+        raise ValueError(
+            f"token_ids_logprob must be a flat list of integers or a list of {n} such lists"
+        )
 
     @staticmethod
     def _per_prompt(value: Any, n: int, name: str, kind: type) -> list[Any]:
@@ -159,3 +182,7 @@ class EncodeInput:
         for req in reqs:
             req.pooling, req.normalize = self.pooling, self.normalize
         return reqs
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

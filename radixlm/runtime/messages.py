@@ -66,6 +66,7 @@ class OutMeta(msgspec.Struct):
     cached_tokens: int
     output_token_logprobs: list | None = None  # [[logprob, id], ...]
     output_top_logprobs: list | None = None  # per token: [[logprob, id], ...]
+    output_token_ids_logprobs: list | None = None  # per token: [[logprob, id], ...] of the asked
     input_token_logprobs: list | None = None
     input_top_logprobs: list | None = None
     e2e_latency: float | None = None  # scheduler-side, in the last message
@@ -117,6 +118,7 @@ class GenerateReq(msgspec.Struct, tag=True):
     lora_name: str | None = None  # a registered LoRA adapter; None: the base model
     pooling: str | None = None  # an embedding request ("last" | "mean"; prefill only)
     normalize: bool = True  # an embedding request's vector divided by its L2 norm
+    token_ids_logprob: list[int] | None = None  # ids whose logprobs each output token reports
 
 
 class AbortReq(msgspec.Struct, tag=True):

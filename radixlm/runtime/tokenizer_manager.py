@@ -110,7 +110,7 @@ def _merge_meta(before: OutMeta | None, new: OutMeta) -> OutMeta:
     """``new`` with the output logprob lists of ``before`` in front, and the prompt's kept."""
     if before is None:
         return new
-    for key in ("output_token_logprobs", "output_top_logprobs"):
+    for key in ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs"):
         old = getattr(before, key)
         if old is not None:
             old.extend(getattr(new, key) or [])  # NOTE: in place: a long stream stays linear
@@ -226,6 +226,11 @@ class TokenizerManager:
                 "start the server with --schedule-policy priority"
             )
         self.check_lora(req.lora_name)
+        asked = req.token_ids_logprob
+        bad = next((t for t in asked or () if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"token_ids_logprob: token id {bad} is out-of-vocabulary (the "
+                             f"vocabulary has {vocab} ids)")  # fmt: skip
         return GenerateReq(
             req.rid,
             list(ids),
@@ -239,6 +244,7 @@ class TokenizerManager:
             req.lora_name,
             req.pooling,
             req.normalize,
+            list(asked) if asked and req.return_logprob else None,
         )
 
     def check_lora(self, name: str | None) -> None:
@@ -409,7 +415,7 @@ class TokenizerManager:
             with_text = state.req.return_text_in_logprobs
             for key in ("input_token_logprobs", "output_token_logprobs"):
                 meta[key] = self._with_text(getattr(got, key, None) or [], with_text)
-            for key in ("input_top_logprobs", "output_top_logprobs"):
+            for key in ("input_top_logprobs", "output_top_logprobs", "output_token_ids_logprobs"):
                 rows = getattr(got, key, None)
                 if rows is not None:
                     meta[key] = [self._with_text(row, with_text) if row else row for row in rows]

@@ -31,6 +31,9 @@ class GenerateRequest(BaseModel):
     priority: int = Field(0, ge=-(2**31), le=2**31 - 1)
     # SGLang's: the LoRA adapter (by name) of the prompt, or one per prompt
     lora_path: str | list[str | None] | None = None
+    # SGLang's: the logprobs of these token ids at every output position (a list per prompt
+    # of a batch, or one list for all); checked in GenerateInput.split
+    token_ids_logprob: list[Any] | None = None
 
 
 class EncodeRequest(BaseModel):

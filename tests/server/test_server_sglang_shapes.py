@@ -78,3 +78,42 @@ def test_max_tokens_beyond_the_context_reads_as_sglangs(tiny_client, route):
     assert "maximum context length" in error["message"]
     if route != "/generate":
         assert error["param"] == "max_tokens" and error["code"] != "context_length_exceeded"
+
+
+def _generate(tiny_client, **fields):
+    body = {"text": "Hi", "sampling_params": {"max_new_tokens": 3, "temperature": 0},
+            "return_logprob": True, **fields}  # fmt: skip
+    return tiny_client.post("/generate", json=body)
+
+
+def test_token_ids_logprob_reports_the_asked_ids_at_every_output_token(tiny_client):
+    """SGLang's token_ids_logprob: per output token, [logprob, id, text] of each asked id; the
+    chosen token's entry equals its output_token_logprobs entry."""
+    first = _generate(tiny_client, top_logprobs_num=2).json()["meta_info"]
+    chosen = [entry[1] for entry in first["output_token_logprobs"]]
+    meta = _generate(tiny_client, token_ids_logprob=[chosen[0], 0]).json()["meta_info"]
+    rows = meta["output_token_ids_logprobs"]
+    assert len(rows) == 3 and all([e[1] for e in row] == [chosen[0], 0] for row in rows)
+    assert rows[0][0][0] == pytest.approx(first["output_token_logprobs"][0][0], abs=1e-4)
+    assert all(e[0] <= 0 for row in rows for e in row)
+    batch = tiny_client.post("/generate", json={
+        "text": ["Hi", "Yo"], "sampling_params": {"max_new_tokens": 1}, "return_logprob": True,
+        "token_ids_logprob": [[1], [2, 3]]}).json()  # fmt: skip
+    assert [[e[1] for e in b["meta_info"]["output_token_ids_logprobs"][0]] for b in batch] \
+        == [[1], [2, 3]]
+
+
+@pytest.mark.parametrize("asked, words", [
+    ([-1], "out-of-vocabulary"), ([2_000_000_000], "out-of-vocabulary"),
+    ([[0]], "flat list of integers"), ([[0], [1, 2]], "flat list of integers"), ("3", "valid list"),
+])  # fmt: skip
+def test_token_ids_logprob_is_checked(tiny_client, asked, words):
+    r = _generate(tiny_client, token_ids_logprob=asked)
+    assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
+
+
+def test_token_ids_logprob_of_a_batch_with_one_bad_id_is_refused_whole(tiny_client):
+    r = tiny_client.post("/generate", json={
+        "text": ["Hi", "Hi"], "sampling_params": {"max_new_tokens": 1}, "return_logprob": True,
+        "token_ids_logprob": [[0], [2_000_000_000]]})  # fmt: skip
+    assert r.status_code == 400 and "out-of-vocabulary" in r.text

@@ -20,6 +20,7 @@ class SampleRow:
     prompt_ids: list[int]
     output_ids: list[int]
     banned_ids: list[int]  # stop tokens not yet allowed (min_new_tokens)
+    token_ids: list[int] | None = None  # ids whose logprobs to report (token_ids_logprob)
 
 
 @dataclass
@@ -27,6 +28,7 @@ class SampleOutput:
     token_ids: list[int]
     logprobs: list[float]
     top_logprobs: list[list[tuple[float, int]]] | None
+    id_logprobs: list[list[tuple[float, int]]] | None = None  # per row: the asked ids' logprobs
 
 
 def sample(
@@ -58,7 +60,11 @@ def sample(
     if top_n > 0:
         values, indices = logprobs_all.topk(top_n, dim=-1)
         top = [list(zip(v, i)) for v, i in zip(values.tolist(), indices.tolist())]
-    return SampleOutput(ids.tolist(), chosen.tolist(), top)
+    asked = None
+    if any(r.token_ids for r in rows):
+        asked = [list(zip(logprobs_all[i, r.token_ids].tolist(), r.token_ids)) if r.token_ids
+                 else [] for i, r in enumerate(rows)]  # fmt: skip
+    return SampleOutput(ids.tolist(), chosen.tolist(), top, asked)
 
 
 def _apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:

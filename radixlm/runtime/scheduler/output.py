@@ -110,6 +110,9 @@ def token_out(req: Req) -> TokenOut:
         meta.output_token_logprobs = [[p, t] for p, t in zip(lp.output[start:], new_ids)]
         if lp.top_n:
             meta.output_top_logprobs = [[list(e) for e in row] for row in lp.output_top[start:]]
+        if lp.token_ids:
+            meta.output_token_ids_logprobs = [[list(e) for e in row]
+                                              for row in lp.output_ids[start:]]  # fmt: skip
         if not lp.prompt_sent and lp.start_len >= 0:
             _add_prompt_logprobs(req, meta)
             lp.prompt_sent = True

@@ -23,6 +23,8 @@ class LogprobState:
     prompt_sent: bool = False
     output: list[float] = field(default_factory=list)
     output_top: list[list[tuple[float, int]]] = field(default_factory=list)
+    token_ids: list[int] | None = None  # ids whose logprobs each output token reports
+    output_ids: list[list[tuple[float, int]]] = field(default_factory=list)
 
 
 def salt_offset(cache_salt: str | None, lora_key: str | None = None) -> int:

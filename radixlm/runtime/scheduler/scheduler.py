@@ -95,7 +95,8 @@ class Scheduler:
                   priority=msg.priority, lora=lora, pooling=msg.pooling,
                   normalize=msg.normalize)  # fmt: skip
         if msg.return_logprob:
-            req.logprob = LogprobState(msg.logprob_start_len, msg.top_logprobs_num)
+            req.logprob = LogprobState(msg.logprob_start_len, msg.top_logprobs_num,
+                                       token_ids=msg.token_ids_logprob)  # fmt: skip
         if msg.lora_name is not None and lora is None:
             self._finish_now(req, ErrorCode.INVALID_REQUEST,
                              f"LoRA adapter {msg.lora_name!r} is not loaded")  # fmt: skip
@@ -328,8 +329,10 @@ class Scheduler:
         reqs = [info.req for info in generating]
         index = [info.sample_row for info in generating]
         rows = [
-            SampleRow(r.params, r.input_ids, r.output_ids, self.stop.banned_ids(r)) for r in reqs
-        ]
+            SampleRow(r.params, r.input_ids, r.output_ids, self.stop.banned_ids(r),
+                      r.logprob.token_ids if r.logprob else None)
+            for r in reqs
+        ]  # fmt: skip
         top_n = max((r.logprob.top_n for r in reqs if r.logprob), default=0)
         bitmask = None
         if masks is not None:
@@ -370,6 +373,8 @@ class Scheduler:
         lp.output += [result.logprobs[row]] + [0.0] * (num_new - 1)
         if lp.top_n:
             lp.output_top += [result.top_logprobs[row][: lp.top_n]] + [[]] * (num_new - 1)
+        if lp.token_ids:
+            lp.output_ids += [result.id_logprobs[row]] + [[]] * (num_new - 1)
 
     # -- reporting ------------------------------------------------------------------------------
 
