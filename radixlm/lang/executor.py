@@ -74,6 +74,7 @@ class StreamExecutor:
         default_sampling_para: SglSamplingParams,
         chat_template: ChatTemplate | None = None,
         stream: bool = False,
+        num_api_spec_tokens: int | None = None,
     ) -> None:
         self.sid = uuid.uuid4().hex
         self.backend = backend
@@ -81,6 +82,11 @@ class StreamExecutor:
         self.default_sampling_para = default_sampling_para
         self.chat_template = chat_template or backend.get_chat_template()
         self.stream = stream
+        # SGLang's API speculative execution (completion models): one request of at least this
+        # many tokens, without stops, whose text later gens with a stop take in turn while the
+        # program's own text between them matches it
+        self.num_api_spec_tokens = num_api_spec_tokens
+        self.speculated_text = ""
         self.text_ = ""
         self.messages_: list[dict[str, Any]] = []
         self.cur_images: list[tuple[int, str]] = []  # (where in text_, URL) in the open role
@@ -246,7 +252,12 @@ class StreamExecutor:
             self._execute(e)
 
     def _fill(self, value: Any) -> None:
-        self.text_ += str(value)
+        value = str(value)
+        if self.speculated_text.startswith(value):
+            self.speculated_text = self.speculated_text[len(value):]
+        else:
+            self.speculated_text = ""
+        self.text_ += value
 
     def _execute_constant(self, expr: SglConstantText) -> None:
         self._fill(expr.value)
@@ -262,11 +273,39 @@ class StreamExecutor:
         if self.stream and (params.n or 1) == 1:
             self._execute_gen_stream(expr.name, params)
             return
-        comp, meta = self.backend.generate(self, params)
+        if self._speculates(params):
+            comp, meta = self._spec_gen(params)
+        else:
+            self.speculated_text = ""
+            comp, meta = self.backend.generate(self, params)
         self.text_ += comp[0] if isinstance(comp, list) else comp
         if params.parse_tool_calls and isinstance(comp, str):
             meta = {**(meta or {}), "tool_calls": read_tool_calls(comp)[1]}
         self._set_var(expr.name, self._typed(comp, params.dtype), meta)
+
+    def _speculates(self, params: SglSamplingParams) -> bool:
+        """API speculation covers plain text gens that end at a stop, on completion models."""
+        if self.num_api_spec_tokens is None or self.backend.is_chat_model:
+            return False
+        plain = ((params.n or 1) == 1 and params.regex is None and params.json_schema is None
+                 and params.stop_regex is None and not params.parse_tool_calls)  # fmt: skip
+        return plain and bool(params.stop_list())
+
+    def _spec_gen(self, params: SglSamplingParams) -> tuple[str, dict]:
+        """This gen's text from the speculated text (one request without stops makes it when
+        there is none): up to its first stop string, which stays for the text that follows;
+        with no stop in it, as SGLang, at most ``max_new_tokens`` characters."""
+        meta: dict = {}
+        if not self.speculated_text:
+            wide = params.merged(SglSamplingParams(
+                max_new_tokens=max(params.max_new_tokens or 0, self.num_api_spec_tokens)))
+            wide.stop = []
+            self.speculated_text, meta = self.backend.generate(self, wide)
+        found = [i for i in (self.speculated_text.find(s) for s in params.stop_list()) if i >= 0]
+        end = min(found) if found else min(len(self.speculated_text),
+                                           params.max_new_tokens or len(self.speculated_text))
+        comp, self.speculated_text = self.speculated_text[:end], self.speculated_text[end:]
+        return comp, meta
 
     def _execute_gen_stream(self, name: Any, params: SglSamplingParams) -> None:
         self.variables[name], meta = "", None

@@ -32,7 +32,9 @@ def run_program(
     """Run ``program`` once. With ``stream`` its code runs on a thread and the state returns
     at once (read it with ``text_iter``); otherwise the state returns when the code has."""
     kwargs = {**kwargs, **program.bind_arguments}
-    state = ProgramState(StreamExecutor(backend, kwargs, defaults, stream=stream))
+    state = ProgramState(StreamExecutor(
+        backend, kwargs, defaults, stream=stream,
+        num_api_spec_tokens=getattr(program, "num_api_spec_tokens", None)))
     if stream:
         worker = threading.Thread(
             target=_run_code, args=(state, program, args, kwargs, False), daemon=True

@@ -176,3 +176,38 @@ def test_images_need_a_chat_model(server_url, openai_model, tmp_path):
     backend = sgl.OpenAI(openai_model, is_chat_model=False, base_url=server_url + "/v1")
     error = image_qa.run(picture=str(picture), backend=backend).error()
     assert isinstance(error, ValueError) and "image input is not supported" in str(error)
+
+
+PEOPLE = "".join(f"Name: {n}\nAge: {a}\nCity: {c}\n\n" for n, a, c in
+                 [("Anna", 31, "Paris"), ("Ben", 42, "Rome"), ("Carl", 25, "Oslo")])  # fmt: skip
+
+
+def _person(s, second="Age"):
+    s += PEOPLE + "Name:" + sgl.gen("name", stop="\n", max_tokens=16)
+    s += f"\n{second}:" + sgl.gen("second", stop="\n", max_tokens=8)
+    s += "\nCity:" + sgl.gen("city", stop="\n", max_tokens=16) + "\n"
+
+
+def _usage(backend, program, **kwargs):
+    backend.token_usage.reset()
+    state = program.run(temperature=0, backend=backend, **kwargs)
+    assert state.error() is None
+    return backend.token_usage.prompt_tokens, [state[k] for k in ("name", "second", "city")]
+
+
+@pytest.mark.parametrize("second", ["Age", "Country"])
+def test_api_speculation_answers_several_gens_from_one_request(server_url, openai_model, second):
+    """SGLang's num_api_spec_tokens on a completion model: one request without stops, split at
+    each gen's stop while the program's text matches it (fewer prompt tokens sent); where the
+    program writes other text than the model did ("Country" for its "Age"), the next gen asks
+    again. The variables are those of the program run without speculation."""
+    backend = sgl.OpenAI(openai_model, is_chat_model=False, base_url=server_url + "/v1")
+    plain = sgl.function(lambda s: _person(s, second))
+    spec = sgl.function(num_api_spec_tokens=48)(lambda s: _person(s, second))
+    plain_tokens, plain_values = _usage(backend, plain)
+    spec_tokens, spec_values = _usage(backend, spec)
+    assert spec_values == plain_values and all(v.strip() for v in plain_values)
+    if second == "Age":
+        assert spec_tokens * 2 < plain_tokens  # one prompt sent instead of three
+    else:
+        assert spec_tokens > plain_tokens / 2  # the second gen asked again
