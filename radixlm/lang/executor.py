@@ -302,8 +302,7 @@ class StreamExecutor:
             wide.stop = []
             self.speculated_text, meta = self.backend.generate(self, wide)
         found = [i for i in (self.speculated_text.find(s) for s in params.stop_list()) if i >= 0]
-        end = min(found) if found else min(len(self.speculated_text),
-                                           params.max_new_tokens or len(self.speculated_text))
+        end = min(found) if found else params.max_new_tokens or len(self.speculated_text)
         comp, self.speculated_text = self.speculated_text[:end], self.speculated_text[end:]
         return comp, meta
 

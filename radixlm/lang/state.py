@@ -179,7 +179,7 @@ class ProgramState(RoleMixin):
             total = len(meta.get("output_token_logprobs") or [])
             for key in _INCREMENTAL_META:
                 if meta.get(key) is not None:
-                    meta[key] = list(meta[key])[sent:]
+                    meta[key] = meta[key][sent:]
             meta["output_token_logprobs_length"] = total
             sent = total
             yield chunk, meta

@@ -49,7 +49,6 @@ def render_chat(
     text = template_text(tokenizer, template)
     if text is None:
         raise ValueError("the model has no chat template; start the server with --chat-template")
-    check_text_only(req.messages)
     kwargs: dict[str, Any] = dict(req.chat_template_kwargs or {})
     if supports_tools(text):
         messages = [_native(m) for m in req.messages]

@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from radixlm.runtime.tokenizer_manager import check_text
-from radixlm.server.chat_prompt import render_chat, template_text
+from radixlm.server.chat_prompt import check_text_only, render_chat, template_text
 from radixlm.server.errors import ERROR_RESPONSES, APIError
 from radixlm.server.protocol import ChatCompletionRequest, DetokenizeRequest, TokenizeRequest
 from radixlm.server.state import ServerState, server_state
@@ -80,6 +80,7 @@ def _render(state: ServerState, body: TokenizeRequest) -> str:
         chat_template_kwargs=body.chat_template_kwargs,
     )  # fmt: skip
     try:
+        check_text_only(chat.messages)
         return render_chat(state.tokenizer, chat, state.chat_template)
     except ValueError as e:
         raise APIError(400, str(e), param="messages") from None
