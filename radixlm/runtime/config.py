@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -172,6 +173,7 @@ QUANTIZATIONS = ("auto", "none", "int4", "gguf")
 # xgrammar is optional (the grammars extra); choosing it without the package fails here.
 GRAMMAR_BACKENDS = ("outlines", "llguidance", "xgrammar")
 ATTENTION_BACKENDS = ("torch", "triton")
+ATTENTION_ALIASES = {"torch_native": "torch"}  # NOTE: SGLang's name for its torch backend
 
 
 @dataclass(frozen=True)
@@ -196,6 +198,10 @@ class ServerArgs:
     dtype: str = "auto"
     device: str = "auto"
     context_length: int | None = None
+    # NOTE: SGLang's: config.json fields replaced before the model is built, as a JSON object
+    json_model_override_args: str = "{}"
+    # NOTE: SGLang's: an embedding server; generation requests are refused
+    is_embedding: bool = False
     max_total_tokens: int | None = None
     mem_fraction_static: float = 0.85
     max_running_requests: int = 256
@@ -244,6 +250,10 @@ class ServerArgs:
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     log_level: str = "info"
+    # NOTE: SGLang's: /metrics is always served, so this only keeps its command lines working
+    enable_metrics: bool = False
+    # NOTE: SGLang's: /generate stream frames carry only the new text and ids, not all so far
+    incremental_streaming_output: bool = False
     stats_interval: float = 10.0
     watchdog_timeout: float = 300.0
     # ZMQ endpoint (e.g. tcp://127.0.0.1:5557) publishing the radix tree's KV events in vLLM's
@@ -286,7 +296,12 @@ class ServerArgs:
         if self.grammar_backend == "xgrammar":
             _check_xgrammar()
         if self.attention_backend is not None:
-            _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+            backend = ATTENTION_ALIASES.get(self.attention_backend, self.attention_backend)
+            _check_choice("attention_backend", backend, ATTENTION_BACKENDS)
+            object.__setattr__(self, "attention_backend", backend)
+        if self.chunked_prefill_size == -1:  # NOTE: SGLang's "no chunking"
+            object.__setattr__(self, "chunked_prefill_size", None)
+        _ = self.model_overrides  # NOTE: checks json_model_override_args
         for name in (
             "max_running_requests",
             "max_prefill_tokens",
@@ -329,6 +344,18 @@ class ServerArgs:
         if self.kv_disk_cache is not None:
             self._check_disk_cache()
         self._check_lora()
+
+    @property
+    def model_overrides(self) -> dict[str, Any]:
+        """``json_model_override_args`` parsed: config.json fields to replace."""
+        try:
+            value = json.loads(self.json_model_override_args or "{}")
+        except json.JSONDecodeError as e:
+            raise ValueError(f"json_model_override_args is not valid JSON: {e}") from None
+        if not isinstance(value, dict):
+            raise ValueError("json_model_override_args must be a JSON object of config.json "
+                             f"fields, got {self.json_model_override_args!r}")  # fmt: skip
+        return value
 
     def _check_lora(self) -> None:
         paths = self.lora_paths

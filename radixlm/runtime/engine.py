@@ -12,6 +12,7 @@ from radixlm.runtime.config import ServerArgs
 from radixlm.runtime.io_struct import EncodeInput, GenerateInput
 from radixlm.runtime.launcher import launch
 from radixlm.runtime.runtime import Runtime
+from radixlm.runtime.scoring import ScoreInput
 
 
 class Engine:
@@ -101,6 +102,23 @@ class Engine:
         divided by its L2 norm unless ``normalize`` is False."""
         obj = EncodeInput(prompt, input_ids, pooling, normalize, rid, cache_salt, lora_path)
         return self._call(self.runtime.generate(obj))
+
+    def score(
+        self,
+        query: str | list[int],
+        items: str | list[str] | list[list[int]],
+        label_token_ids: list[int],
+        apply_softmax: bool = False,
+        item_first: bool = False,
+        lora_path: str | None = None,
+    ) -> list[list[float]]:
+        """SGLang's scoring: per item, the probability of each label token coming next after
+        ``query + item`` (``item + query`` with ``item_first``), in ``label_token_ids`` order;
+        ``apply_softmax`` normalises them over the labels. Items share the query's cached KV."""
+        obj = ScoreInput(query, items, label_token_ids, apply_softmax, item_first,
+                         lora_path=lora_path)  # fmt: skip
+        gen = obj.generate_input(self.info["vocab_size"])
+        return obj.scores(self._call(self.runtime.generate(gen)))
 
     async def async_generate(self, prompt=None, sampling_params=None, input_ids=None, **kw):
         """Awaitable ``generate``; with ``stream=True`` returns an async iterator of chunks."""

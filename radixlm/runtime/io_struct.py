@@ -115,9 +115,9 @@ class GenerateInput:
         value = self.token_ids_logprob
         if value is None:
             return [None] * n
-        flat = isinstance(value, list) and all(_is_int(t) for t in value)
+        flat = isinstance(value, list) and all(is_int(t) for t in value)
         nested = (isinstance(value, list) and len(value) == n and self.is_batch
-                  and all(isinstance(v, list) and all(map(_is_int, v)) for v in value))  # fmt: skip
+                  and all(isinstance(v, list) and all(map(is_int, v)) for v in value))  # fmt: skip
         if flat:
             return [list(value)] * n
         if nested:
@@ -184,5 +184,6 @@ class EncodeInput:
         return reqs
 
 
-def _is_int(value: Any) -> bool:
+def is_int(value: Any) -> bool:
+    """An int that is not a bool (JSON true is not a token id)."""
     return isinstance(value, int) and not isinstance(value, bool)

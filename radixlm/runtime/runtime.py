@@ -92,13 +92,9 @@ class Runtime:
         reqs = obj.split()
         if len(reqs) != 1:
             raise ValueError("streaming supports a single prompt with n=1")
-        sent_text, sent_ids = 0, 0
+        delta = Delta()
         async for chunk in self.manager.generate(reqs[0]):
-            if incremental:
-                text, ids = chunk["text"], chunk["output_ids"]
-                chunk = {**chunk, "text": text[sent_text:], "output_ids": ids[sent_ids:]}
-                sent_text, sent_ids = len(text), len(ids)
-            yield chunk
+            yield delta(chunk) if incremental else chunk
 
     async def flush_cache(self, tiers: tuple[str, ...] = ("memory",)) -> bool:
         """Empty the radix tree (``memory``; False while requests run) and/or the disk tier."""
@@ -126,3 +122,16 @@ class Runtime:
             self._watch.cancel()
         self.manager.close()
         await asyncio.get_running_loop().run_in_executor(None, self.backend.shutdown)
+
+
+class Delta:
+    """Each chunk of one stream cut to the text and output ids it adds to those before it."""
+
+    def __init__(self) -> None:
+        self.text = self.ids = 0
+
+    def __call__(self, chunk: dict) -> dict:
+        text, ids = chunk["text"], chunk["output_ids"]
+        out = {**chunk, "text": text[self.text :], "output_ids": ids[self.ids :]}
+        self.text, self.ids = len(text), len(ids)
+        return out

@@ -174,6 +174,9 @@ class TokenizerManager:
         bad = next((t for t in params.logit_bias if t >= vocab), None)
         if bad is not None:
             raise ValueError(f"logit_bias keys must be token ids in [0, {vocab}), got {bad}")
+        if req.pooling is None and self.args.is_embedding:
+            raise ValueError("this engine was started with is_embedding (--is-embedding): it "
+                             "serves embeddings (/v1/embeddings, /encode), not generation")
         if req.pooling is not None:
             check_pooling(req.pooling)
             if not isinstance(req.normalize, bool):

@@ -21,6 +21,7 @@ from radixlm.server import (
     native,
     openai_api,
     responses_api,
+    scores,
     tokenizer_routes,
     web,
 )
@@ -77,6 +78,7 @@ def create_app(
     app.include_router(lora_routes.router)
     app.include_router(openai_api.router)
     app.include_router(embeddings.router)
+    app.include_router(scores.router)
     app.include_router(responses_api.router)
     app.include_router(web.router)
     app.mount("/static", web.static, name="static")

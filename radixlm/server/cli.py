@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import uvicorn
 
 from radixlm.runtime.config import (
+    ATTENTION_ALIASES,
     ATTENTION_BACKENDS,
     DTYPES,
     GRAMMAR_BACKENDS,
@@ -83,13 +84,24 @@ HELP = {
     "max_lora_rank": "the largest LoRA rank an adapter may have",
     "spec_ngram_max": "longest suffix looked up for an n-gram draft",
     "spec_ngram_min": "shortest suffix looked up for an n-gram draft",
+    "chunked_prefill_size": "longest prompt piece prefilled in one step (-1: no chunking)",
+    "attention_backend": "default: triton on CUDA, torch otherwise (torch_native: SGLang's name "
+    "for torch)",
+    "json_model_override_args": "config.json fields to replace, as a JSON object, e.g. "
+    "'{\"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 2.0}}'",
+    "is_embedding": "serve embeddings only (/v1/embeddings, /encode): generation requests are "
+    "refused (embeddings are served either way)",
+    "enable_metrics": "accepted for SGLang's command lines: /metrics is always served",
+    "incremental_streaming_output": "/generate stream frames carry only the new text and "
+    "output_ids (default: everything so far, as SGLang)",
     "num_threads": "torch threads of the scheduler and of each tensor-parallel rank (default: "
     "$RADIXLM_NUM_THREADS, else $OMP_NUM_THREADS, else the physical cores but one, shared, at "
     "most 8)",
 }
 CHOICES = {"dtype": DTYPES, "load_format": LOAD_FORMATS, "schedule_policy": SCHEDULE_POLICIES,
            "quantization": QUANTIZATIONS, "grammar_backend": GRAMMAR_BACKENDS,
-           "attention_backend": ATTENTION_BACKENDS, "tool_call_parser": sorted(TOOL_PARSERS),
+           "attention_backend": (*ATTENTION_BACKENDS, *ATTENTION_ALIASES),
+           "tool_call_parser": sorted(TOOL_PARSERS),
            "reasoning_parser": sorted(REASONING_PARSERS),
            "speculative_algorithm": ["ngram"]}  # fmt: skip
 

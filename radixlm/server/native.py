@@ -14,6 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 
 from radixlm.runtime.io_struct import GenerateInput, SingleRequest
+from radixlm.runtime.runtime import Delta
 from radixlm.runtime.tokenizer_manager import EngineDeadError, SchedulerTimeoutError, check_text
 from radixlm.server.errors import (
     ERROR_RESPONSES,
@@ -58,7 +59,10 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
 
 async def _frames(state: ServerState, reqs: list[SingleRequest]) -> AsyncIterator[str]:
     several = len(reqs) > 1
+    deltas = [Delta() for _ in reqs] if state.args.incremental_streaming_output else None
     async for i, chunk in generate_chunks(state.runtime, reqs):
+        if deltas is not None:
+            chunk = deltas[i](chunk)
         yield sse({**chunk, "index": i} if several else chunk)
     yield DONE_FRAME
 

@@ -74,7 +74,7 @@ async def list_models(request: Request) -> dict[str, Any]:
 async def retrieve_model(model: str, request: Request) -> dict[str, Any]:
     """The model ``model`` (404 unless it is the one served)."""
     state = server_state(request)
-    lora = state.check_model(model)
+    lora = state.check_model(model, lookup=True)
     return _model_card(state) if lora is None else _lora_card(state, lora)
 
 

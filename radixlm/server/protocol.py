@@ -209,6 +209,19 @@ class EmbeddingRequest(BaseModel):
     cache_salt: str | None = Field(None, min_length=1, max_length=256)
 
 
+class ScoreRequest(BaseModel):
+    """``POST /v1/score`` (SGLang's): label-token probabilities after ``query + item``."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    model: str | None = None
+    query: str | list[int]
+    items: str | list[str] | list[list[int]]
+    label_token_ids: list[int]
+    apply_softmax: bool = False
+    item_first: bool = False
+    cache_salt: str | None = Field(None, min_length=1, max_length=256)
+
+
 class TextPart(BaseModel):
     model_config = Strict
     type: Literal["text"]

@@ -41,14 +41,16 @@ class ServerState:
         and Ray managers serve none)."""
         return getattr(self.runtime.manager, "loras", None) or {}
 
-    def check_model(self, name: str | None) -> str | None:
+    def check_model(self, name: str | None, lookup: bool = False) -> str | None:
         """The LoRA adapter ``name`` names, else None: 404 unless it (when given) names the
-        served model or one of its adapters."""
+        served model or one of its adapters, or ``ignore_model_name`` is set and this is not a
+        ``lookup`` of the name itself (``GET /v1/models/{name}``, a 404 as SGLang's)."""
         loras = self.loras
         if name in loras:
             return name
         known = {self.served_model_name, self.model_path, self.args.model_path}
-        if name is not None and name not in known and not self.args.ignore_model_name:
+        lenient = self.args.ignore_model_name and not lookup
+        if name is not None and name not in known and not lenient:
             raise APIError(
                 404, f"the model {name!r} does not exist; this server serves "
                 f"{self.served_model_name!r}" + (f" and LoRA adapters {sorted(loras)}" if loras

@@ -24,7 +24,20 @@ def test_serve_flags_become_server_args():
     assert args.host == "127.0.0.1" and args.model_path is None
 
 
-BAD_FLAGS = [["--dtype", "int3"], ["--max-running-requests", "0"], ["--bogus"]]
+def test_sglang_flags_are_taken():
+    args = parse_args([
+        "--chunked-prefill-size", "-1", "--attention-backend", "torch_native", "--enable-metrics",
+        "--is-embedding", "--incremental-streaming-output",
+        "--json-model-override-args", '{"rope_theta": 500000.0}',
+    ])
+    assert args.chunked_prefill_size is None and args.attention_backend == "torch"
+    assert args.is_embedding and args.incremental_streaming_output
+    assert args.model_overrides == {"rope_theta": 500000.0}
+
+
+BAD_FLAGS = [["--dtype", "int3"], ["--max-running-requests", "0"], ["--bogus"],
+             ["--json-model-override-args", "{rope"], ["--json-model-override-args", "[1]"],
+             ["--chunked-prefill-size", "-2"]]  # fmt: skip
 
 
 @pytest.mark.parametrize("argv", BAD_FLAGS)

@@ -48,11 +48,13 @@ def wait_idle(client: httpx.Client) -> dict:
 @pytest.fixture(scope="module")
 def restricted(tiny_llama):
     """One running request at most, no queue, an API key, unknown fields refused and any model
-    name answered."""
+    name answered; SGLang's flags for no chunking, incremental streams and its backend name."""
     server = launch_server(
         tiny_llama, "--max-total-tokens", "4096", "--api-key", KEY, "--strict-api",
         "--ignore-model-name",
         "--max-running-requests", "1", "--max-queued-requests", "0",
+        "--chunked-prefill-size", "-1", "--incremental-streaming-output",
+        "--attention-backend", "torch_native", "--enable-metrics",
     )
     yield server
     server.stop()
@@ -88,6 +90,24 @@ def test_ignore_model_name_answers_any_model(restricted):
     client = openai.OpenAI(base_url=f"{restricted.url}/v1", api_key=KEY, max_retries=0)
     out = client.completions.create(model="meta-llama/Llama-3.1-8B", prompt="hi", max_tokens=1)
     assert out.model == client.models.list().data[0].id  # NOTE: the served name, as SGLang
+    with pytest.raises(openai.NotFoundError):  # NOTE: a lookup by name still 404s, as SGLang's
+        client.models.retrieve("meta-llama/Llama-3.1-8B")
+    assert client.models.retrieve(out.model).id == out.model
+
+
+def test_sglang_flags_take_effect(restricted):
+    with restricted.client(headers={"Authorization": f"Bearer {KEY}"}) as c:
+        info = c.get("/get_server_info").json()
+        assert info["chunked_prefill_size"] is None and info["attention_backend"] == "torch"
+        params = {"max_new_tokens": 12, "ignore_eos": True, "temperature": 0}
+        whole = c.post("/generate", json={"text": "count", "sampling_params": params}).json()
+        body = {"text": "count", "sampling_params": params, "stream": True}
+        with c.stream("POST", "/generate", json=body) as r:
+            frames = [json.loads(x[6:]) for x in r.iter_lines() if x.startswith("data: {")]
+        assert len(frames) > 1  # NOTE: each frame holds only its own new text and ids
+        assert "".join(f["text"] for f in frames) == whole["text"]
+        assert sum((f["output_ids"] for f in frames), []) == whole["output_ids"]
+        assert c.get("/metrics").status_code == 200
 
 
 def test_queue_beyond_limit_is_429_with_retry_after_and_not_ready(restricted):

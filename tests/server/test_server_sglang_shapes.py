@@ -1,9 +1,11 @@
 """Where SGLang's own tests expect SGLang's shapes: tool_choice without tools, the Responses
-usage's chat names, the context-length message, reasoning_content in every streamed delta."""
+usage's chat names, the context-length message, reasoning_content in every streamed delta,
+/v1/score, token_ids_logprob."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -117,3 +119,39 @@ def test_token_ids_logprob_of_a_batch_with_one_bad_id_is_refused_whole(tiny_clie
         "text": ["Hi", "Hi"], "sampling_params": {"max_new_tokens": 1}, "return_logprob": True,
         "token_ids_logprob": [[0], [2_000_000_000]]})  # fmt: skip
     assert r.status_code == 400 and "out-of-vocabulary" in r.text
+
+
+def test_score_route_equals_the_generate_logprobs_and_checks_labels(tiny_client):
+    """SGLang's /v1/score: each item's label probabilities are those /generate reports for the
+    first token after query + item (the engine's are checked against transformers in
+    tests/runtime/test_scoring.py)."""
+    labels = [5, 17, 300]
+    body = {"model": "tiny", "query": [11, 12, 13], "items": [[21], [22, 23]],
+            "label_token_ids": labels}  # fmt: skip
+    r = tiny_client.post("/v1/score", json=body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["object"] == "scoring" and out["model"] == "tiny"
+    assert out["usage"]["prompt_tokens"] == 4 + 5
+    for item, row in zip(body["items"], out["scores"]):
+        gen = tiny_client.post("/generate", json={
+            "input_ids": body["query"] + item, "return_logprob": True,
+            "token_ids_logprob": labels, "sampling_params": {"max_new_tokens": 1}}).json()
+        entries = {e[1]: e[0] for e in gen["meta_info"]["output_token_ids_logprobs"][0]}
+        assert row == pytest.approx([math.exp(entries[t]) for t in labels], rel=1e-5)
+    soft = tiny_client.post("/v1/score", json={**body, "apply_softmax": True}).json()["scores"]
+    assert all(sum(row) == pytest.approx(1.0) for row in soft)
+    text = {"query": "Is Paris in France? Answer:", "items": [" yes", " no"],
+            "label_token_ids": labels, "item_first": True}
+    assert len(tiny_client.post("/v1/score", json=text).json()["scores"]) == 2
+    bad = tiny_client.post("/v1/score", json={**body, "label_token_ids": [10**7]})
+    assert bad.status_code == 400
+    assert "out of vocabulary" in bad.json()["error"]["message"]
+    mixed = tiny_client.post("/v1/score", json={**body, "query": "text"})
+    assert mixed.status_code == 400 and "both be text" in mixed.json()["error"]["message"]
+
+
+def test_retrieving_an_unknown_model_is_a_404(tiny_client):
+    assert tiny_client.get("/v1/models/tiny").json()["id"] == "tiny"
+    r = tiny_client.get("/v1/models/not-served")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"

@@ -42,10 +42,14 @@ def load_config(args: ServerArgs) -> tuple[ModelConfig, str, str]:
     if not os.path.exists(path):
         raise FileNotFoundError(f"model path {path!r} does not exist")
     fmt = "gguf" if path.endswith(".gguf") else "safetensors"
+    overrides = args.model_overrides
     if fmt == "gguf":
+        if overrides:
+            raise ValueError("json_model_override_args replaces config.json fields; a GGUF "
+                             "file has none (load its Hugging Face directory instead)")  # fmt: skip
         config = gguf_loader.gguf_config(gguf_loader.open_gguf(path))
     else:
-        config = safetensors_loader.hf_config(path)
+        config = safetensors_loader.hf_config(path, overrides)
         config = config.with_overrides(eos_token_ids=_generation_eos(path, config))
     check_architecture(config.architecture)
     if args.context_length:

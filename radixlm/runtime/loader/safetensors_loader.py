@@ -14,12 +14,13 @@ if TYPE_CHECKING:
     import torch
 
 
-def hf_config(path: str) -> ModelConfig:
+def hf_config(path: str, overrides: dict | None = None) -> ModelConfig:
+    """The model's ``config.json``, with the ``overrides`` fields replaced."""
     config_file = os.path.join(path, "config.json")
     if not os.path.isfile(config_file):
         raise FileNotFoundError(f"no config.json in model directory {path!r}")
     with open(config_file) as f:
-        return ModelConfig.from_hf_dict(json.load(f))
+        return ModelConfig.from_hf_dict({**json.load(f), **(overrides or {})})
 
 
 def safetensors_files(path: str) -> list[str]:

@@ -107,3 +107,14 @@ def test_encode_refuses_bad_input(tiny_llama):
         assert_no_leak(engine)
     finally:
         engine.shutdown()
+
+
+def test_an_embedding_engine_refuses_generation(tiny_llama):
+    engine = Engine(tiny_llama, dtype="float32", is_embedding=True, max_total_tokens=1024)
+    try:
+        assert len(engine.encode(input_ids=[5, 6, 7])["embedding"]) == engine.info["hidden_size"]
+        with pytest.raises(ValueError, match="is_embedding"):
+            engine.generate(input_ids=[5, 6, 7], sampling_params={"max_new_tokens": 2})
+        assert_no_leak(engine)
+    finally:
+        engine.shutdown()

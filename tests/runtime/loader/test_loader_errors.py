@@ -109,3 +109,12 @@ def test_server_args_validation_names_field(field, value):
 def test_unknown_engine_option_rejected():
     with pytest.raises(ValueError, match="no_such_option"):
         ServerArgs.from_kwargs(no_such_option=1)
+
+
+def test_json_model_override_args_replace_config_fields(tiny_llama, smollm_path):
+    config, _, _ = load_config(ServerArgs(model_path=tiny_llama,
+                                          json_model_override_args='{"rope_theta": 1234.0}'))
+    assert config.rope_theta == 1234.0
+    assert load_config(ServerArgs(model_path=tiny_llama))[0].rope_theta != 1234.0
+    with pytest.raises(ValueError, match="GGUF"):
+        load_config(ServerArgs(model_path=smollm_path, json_model_override_args='{"a": 1}'))
