@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from radixlm.runtime.constrained.compile_worker import CompileWorker
+from radixlm.runtime.constrained.index_cache import IndexCache
 
 SHUT_DOWN = "the grammar compiler was shut down"
 
@@ -67,9 +68,10 @@ class _Turn:
 class CompilePool:
     """Builds outlines-core indexes in worker processes under the policy above."""
 
-    def __init__(self, vocabulary: Any, limits: PoolLimits) -> None:
+    def __init__(self, vocabulary: Any, limits: PoolLimits, disk_cache: str | None = None) -> None:
         self.limits = limits
         self._vocabulary = pickle.dumps(vocabulary)
+        self._disk = None if disk_cache is None else IndexCache(disk_cache, self._vocabulary)
         self._idle: list[CompileWorker] = []
         self._live: set[CompileWorker] = set()
         self._queue: deque[_Turn] = deque()
@@ -80,14 +82,21 @@ class CompilePool:
 
     def build(self, regex: str, deadline: float) -> Any:
         """The ``Index`` of ``regex``: TimeoutError at ``deadline`` (``time.monotonic``),
-        ValueError for a regex the worker rejects or that needs more than ``memory_mib``."""
+        ValueError for a regex the worker rejects or that needs more than ``memory_mib``. With
+        a disk cache, a slow build is read back from it after a restart."""
+        if self._disk is not None and (index := self._disk.get(regex)) is not None:
+            return index
         turn = self._enter(deadline)
         worker = None
+        started = time.monotonic()
         try:
             worker = self._worker()
-            return self._run(worker, regex, deadline, turn)
+            index = self._run(worker, regex, deadline, turn)
         finally:
             self._leave(turn, worker)
+        if self._disk is not None:
+            self._disk.put(regex, index, time.monotonic() - started)
+        return index
 
     def shutdown(self) -> None:
         """Kill every worker; compiles in flight or waiting raise RuntimeError."""

@@ -32,6 +32,7 @@ class GrammarCompiler:
     ``ValueError`` for a bad or oversized spec, or with ``TimeoutError`` after ``timeout_s``
     (counted from ``submit``). ``max_workers`` compiles run at once, plus up to ``max_slow``
     that have run longer than ``slow_after_s`` (worker processes only; see ``compile_pool``).
+    ``disk_cache``: a directory where slow indexes are kept across restarts (``index_cache``).
     """
 
     def __init__(
@@ -44,6 +45,7 @@ class GrammarCompiler:
         max_slow: int = 4,
         slow_after_s: float = 2.0,
         memory_mib: int = 2048,
+        disk_cache: str | None = None,
     ) -> None:
         self.backend = backend
         self.cache_size = cache_size
@@ -52,7 +54,7 @@ class GrammarCompiler:
         threads = max_workers
         if isinstance(backend, IndexBackend):
             limits = PoolLimits(max_workers, max_slow, slow_after_s, memory_mib)
-            self._workers = CompilePool(backend.vocabulary, limits)
+            self._workers = CompilePool(backend.vocabulary, limits, disk_cache)
             threads += max_slow
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="grammar-compile")
         self._cache: OrderedDict[Key, Future[Grammar]] = OrderedDict()

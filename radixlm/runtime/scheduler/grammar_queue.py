@@ -28,6 +28,7 @@ class GrammarQueue:
         if self._compiler is None:
             from radixlm.runtime.constrained.base import create_grammar_backend
             from radixlm.runtime.constrained.compiler import GrammarCompiler
+            from radixlm.runtime.constrained.index_cache import grammar_cache_dir
 
             c = self.runner.config
             backend = create_grammar_backend(
@@ -37,7 +38,8 @@ class GrammarQueue:
                 c.eos_token_ids,
                 self.args.constrained_json_whitespace_pattern,
             )
-            self._compiler = GrammarCompiler(backend)
+            # NOTE: slow outlines indexes (json_object's) outlive restarts (index_cache.py)
+            self._compiler = GrammarCompiler(backend, disk_cache=grammar_cache_dir())
         return self._compiler
 
     @staticmethod
