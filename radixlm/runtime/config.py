@@ -254,6 +254,9 @@ class ServerArgs:
     enable_metrics: bool = False
     # NOTE: SGLang's: /generate stream frames carry only the new text and ids, not all so far
     incremental_streaming_output: bool = False
+    # NOTE: SGLang's: run requests' custom_logit_processor (a client's pickled code: trusted
+    # clients only)
+    enable_custom_logit_processor: bool = False
     stats_interval: float = 10.0
     watchdog_timeout: float = 300.0
     # ZMQ endpoint (e.g. tcp://127.0.0.1:5557) publishing the radix tree's KV events in vLLM's

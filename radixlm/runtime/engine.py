@@ -61,13 +61,16 @@ class Engine:
         priority: int = 0,
         lora_path: str | list[str | None] | None = None,
         token_ids_logprob: list[int] | list[list[int]] | None = None,
+        custom_logit_processor: str | list[str | None] | None = None,
     ) -> dict | list[dict] | Iterator[dict]:
         """Generate for one prompt (a dict), a batch (a list), or stream one prompt's chunks.
         ``cache_salt``: share cached prefixes only with requests of the same salt.
         ``priority`` (with ``schedule_policy="priority"``): lower values are scheduled first.
         ``lora_path``: the name of a loaded LoRA adapter (or one per prompt; None: the base
         model). ``token_ids_logprob`` (with ``return_logprob``): the logprobs of these token ids
-        at every output token, ``meta_info["output_token_ids_logprobs"]``."""
+        at every output token, ``meta_info["output_token_ids_logprobs"]``.
+        ``custom_logit_processor`` (with ``enable_custom_logit_processor``): a
+        ``CustomLogitProcessor.to_str()``, given ``sampling_params["custom_params"]``."""
         obj = GenerateInput(
             prompt,
             input_ids,
@@ -82,6 +85,7 @@ class Engine:
             priority,
             lora_path,
             token_ids_logprob,
+            custom_logit_processor,
         )
         if stream:
             return self._stream(obj)

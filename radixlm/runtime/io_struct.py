@@ -55,6 +55,9 @@ class GenerateInput:
     priority: int = 0
     lora_path: str | list[str | None] | None = None  # SGLang's name: an adapter per prompt
     token_ids_logprob: list[int] | list[list[int]] | None = None  # one list, or one per prompt
+    # SGLang's: CustomLogitProcessor.to_str() of the prompts' logit processor, or one per
+    # prompt (a sampling parameter from here on; its arguments are "custom_params")
+    custom_logit_processor: str | list[str | None] | None = None
 
     @property
     def is_batch(self) -> bool:
@@ -71,9 +74,13 @@ class GenerateInput:
         rids = self._per_prompt(self.rid, len(prompts), "rid", str)
         loras = self._per_prompt(self.lora_path, len(prompts), "lora_path", str)
         id_lists = self._token_ids_logprob(len(prompts))
+        procs = self._per_prompt(self.custom_logit_processor, len(prompts),
+                                 "custom_logit_processor", str)  # fmt: skip
         out = []
-        for prompt, p, rid, lora, ids in zip(prompts, params, rids, loras, id_lists):
+        for prompt, p, rid, lora, ids, proc in zip(prompts, params, rids, loras, id_lists, procs):
             p = dict(p or {})
+            if proc is not None:
+                p["custom_logit_processor"] = proc
             n = p.pop("n", None)
             n = 1 if n is None else n
             if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_N:

@@ -99,6 +99,9 @@ class Sampling(msgspec.Struct, frozen=True):
     logit_bias: dict[int, float] = {}  # token id -> added to its logit (OpenAI's logit_bias)
     constraint: tuple[str, str] | None = None
     speculative: bool = True  # False: never draft for this request (--speculative-algorithm)
+    # SGLang's: a client's CustomLogitProcessor.to_str() and its per-request arguments
+    custom_logit_processor: str | None = None
+    custom_params: dict[str, Any] | None = None
 
     @property
     def is_greedy(self) -> bool:

@@ -160,6 +160,10 @@ class TokenizerManager:
                 "input_ids"
             )
         params = parse_sampling(req.sampling, has_tokenizer=self.tokenizer is not None)
+        custom = params.custom_logit_processor is not None
+        if custom and not self.args.enable_custom_logit_processor:
+            raise ValueError("custom_logit_processor is off: the server runs a client's processor "
+                             "only when started with --enable-custom-logit-processor")
         for i, stop in enumerate(params.stop):
             check_text(f"stop[{i}]", stop)
         if req.input_ids is None:

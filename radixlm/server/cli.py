@@ -91,6 +91,8 @@ HELP = {
     "'{\"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 2.0}}'",
     "is_embedding": "serve embeddings only (/v1/embeddings, /encode): generation requests are "
     "refused (embeddings are served either way)",
+    "enable_custom_logit_processor": "run the CustomLogitProcessor a request sends (SGLang's "
+    "custom_logit_processor: the client's own pickled Python code; trusted clients only)",
     "enable_metrics": "accepted for SGLang's command lines: /metrics is always served",
     "incremental_streaming_output": "/generate stream frames carry only the new text and "
     "output_ids (default: everything so far, as SGLang)",

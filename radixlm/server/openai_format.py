@@ -60,6 +60,8 @@ def sampling_params(req: SamplingFields, max_tokens: int | None) -> dict[str, An
         "no_stop_trim": req.no_stop_trim,
         "logit_bias": req.logit_bias,
         "speculative": req.speculative,
+        "custom_logit_processor": req.custom_logit_processor,
+        "custom_params": req.custom_params,
         **structured_output(req),
     }
     if req.include_stop_str_in_output is not None and req.no_stop_trim is None:

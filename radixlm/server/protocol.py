@@ -34,6 +34,9 @@ class GenerateRequest(BaseModel):
     # SGLang's: the logprobs of these token ids at every output position (a list per prompt
     # of a batch, or one list for all); checked in GenerateInput.split
     token_ids_logprob: list[Any] | None = None
+    # SGLang's (with --enable-custom-logit-processor): CustomLogitProcessor.to_str(), or one
+    # per prompt
+    custom_logit_processor: str | list[str | None] | None = None
 
 
 class EncodeRequest(BaseModel):
@@ -158,6 +161,9 @@ class SamplingFields(BaseModel):
     structured_outputs: StructuredOutputs | None = None
     # OpenAI's: token id (as a string) -> bias in [-100, 100] added to its logit
     logit_bias: dict[str, float] | None = None
+    # SGLang's (with --enable-custom-logit-processor): a client's processor and its arguments
+    custom_logit_processor: str | None = None
+    custom_params: dict[str, Any] | None = None
     include_stop_str_in_output: bool | None = None  # vLLM's name for no_stop_trim
     speculative: bool | None = None  # False: no speculative drafts for this request
 

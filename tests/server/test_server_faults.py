@@ -55,6 +55,7 @@ def restricted(tiny_llama):
         "--max-running-requests", "1", "--max-queued-requests", "0",
         "--chunked-prefill-size", "-1", "--incremental-streaming-output",
         "--attention-backend", "torch_native", "--enable-metrics",
+        "--enable-custom-logit-processor",
     )
     yield server
     server.stop()
@@ -108,6 +109,33 @@ def test_sglang_flags_take_effect(restricted):
         assert "".join(f["text"] for f in frames) == whole["text"]
         assert sum((f["output_ids"] for f in frames), []) == whole["output_ids"]
         assert c.get("/metrics").status_code == 200
+
+
+def _force_processor() -> str:
+    from radixlm.runtime.sampling.custom_logit_processor import CustomLogitProcessor
+
+    class Force(CustomLogitProcessor):
+        def __call__(self, logits, custom_param_list=None):
+            for i, params in enumerate(custom_param_list):
+                logits[i, :] = -float("inf")
+                logits[i, params["token_id"]] = 0.0
+            return logits
+
+    return Force.to_str()
+
+
+def test_custom_logit_processors_over_http(restricted, tiny_client, smollm_tokenizer):
+    processor = _force_processor()
+    body = {"input_ids": [5, 6, 7], "custom_logit_processor": processor,
+            "sampling_params": {"max_new_tokens": 3, "custom_params": {"token_id": 42}}}
+    with restricted.client(headers={"Authorization": f"Bearer {KEY}"}) as c:
+        assert c.post("/generate", json=body).json()["output_ids"] == [42, 42, 42]
+    client = openai.OpenAI(base_url=f"{restricted.url}/v1", api_key=KEY, max_retries=0)
+    out = client.completions.create(model="any", prompt=[5, 6, 7], max_tokens=2, extra_body={
+        "custom_logit_processor": processor, "custom_params": {"token_id": 42}})
+    assert out.choices[0].text == smollm_tokenizer.decode([42, 42])
+    off = tiny_client.post("/generate", json=body)  # NOTE: a server without the flag
+    assert off.status_code == 400 and "--enable-custom-logit-processor" in off.text
 
 
 def test_queue_beyond_limit_is_429_with_retry_after_and_not_ready(restricted):

@@ -10,6 +10,7 @@ import msgspec
 from radixlm.runtime.constrained.specs import check_regex, constraint_from_params
 from radixlm.runtime.io_struct import MAX_N
 from radixlm.runtime.messages import Sampling
+from radixlm.runtime.sampling.custom_logit_processor import check_processor_text
 
 INT32_MAX = 2**31 - 1  # NOTE: every integer crosses the wire as msgpack; bound them all
 MAX_STOPS = 256  # stop strings (the check decodes a window as long as the longest, per token)
@@ -40,6 +41,10 @@ def parse_sampling(d: dict[str, Any] | None, has_tokenizer: bool = True) -> Samp
     _int_range("n", d.pop("n", 1), 1, MAX_N)
     if "logit_bias" in d:
         d["logit_bias"] = parse_logit_bias(d["logit_bias"])
+    if "custom_logit_processor" in d:
+        check_processor_text(d["custom_logit_processor"])
+    if not isinstance(d.get("custom_params", {}), dict):
+        raise ValueError(f"custom_params must be an object, got {d['custom_params']!r}")
     spec = {k: d.pop(k) for k in CONSTRAINTS if k in d}
     values = {**msgspec.structs.asdict(Sampling()), **d}
     _check_ranges(values)

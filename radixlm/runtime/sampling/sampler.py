@@ -1,15 +1,17 @@
-"""Turning logits into token ids: penalties, logit bias, grammar masks, temperature, top-k/p,
-min-p, seeds."""
+"""Turning logits into token ids: penalties, logit bias, grammar masks, custom logit
+processors, temperature, top-k/p, min-p, seeds."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from radixlm.kernels import cpu_ops
 from radixlm.runtime.messages import Sampling
 from radixlm.runtime.sampling import penalties
+from radixlm.runtime.sampling.custom_logit_processor import apply_processors
 
 
 @dataclass
@@ -21,6 +23,7 @@ class SampleRow:
     output_ids: list[int]
     banned_ids: list[int]  # stop tokens not yet allowed (min_new_tokens)
     token_ids: list[int] | None = None  # ids whose logprobs to report (token_ids_logprob)
+    req: Any = None  # the scheduler's request: a custom logit processor's "__req__"
 
 
 @dataclass
@@ -29,6 +32,7 @@ class SampleOutput:
     logprobs: list[float]
     top_logprobs: list[list[tuple[float, int]]] | None
     id_logprobs: list[list[tuple[float, int]]] | None = None  # per row: the asked ids' logprobs
+    errors: dict[int, str] | None = None  # rows whose custom logit processor failed
 
 
 def sample(
@@ -52,9 +56,12 @@ def sample(
         from radixlm.runtime.constrained.base import apply_bitmask
 
         apply_bitmask(logits, bitmask)
+    errors = None
+    if any(r.params.custom_logit_processor is not None for r in rows):
+        logits, errors = apply_processors(logits, rows)
     ids = _choose(logits, rows)
     if logprobs_all is None:
-        return SampleOutput(ids.tolist(), [], None)
+        return SampleOutput(ids.tolist(), [], None, errors=errors)
     chosen = logprobs_all.gather(1, ids[:, None]).squeeze(1)
     top = None
     if top_n > 0:
@@ -64,7 +71,7 @@ def sample(
     if any(r.token_ids for r in rows):
         asked = [list(zip(logprobs_all[i, r.token_ids].tolist(), r.token_ids)) if r.token_ids
                  else [] for i, r in enumerate(rows)]  # fmt: skip
-    return SampleOutput(ids.tolist(), chosen.tolist(), top, asked)
+    return SampleOutput(ids.tolist(), chosen.tolist(), top, asked, errors)
 
 
 def _apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:

@@ -81,6 +81,11 @@ class Req:
     pooled: Any = None  # its hidden-state sum ("mean") or last hidden state, as computed
 
     @property
+    def origin_input_ids(self) -> list[int]:
+        """SGLang's name of the prompt ids (custom logit processors read it)."""
+        return self.input_ids
+
+    @property
     def fill_ids(self) -> list[int]:
         return self.input_ids + self.output_ids
 

@@ -330,7 +330,7 @@ class Scheduler:
         index = [info.sample_row for info in generating]
         rows = [
             SampleRow(r.params, r.input_ids, r.output_ids, self.stop.banned_ids(r),
-                      r.logprob.token_ids if r.logprob else None)
+                      r.logprob.token_ids if r.logprob else None, r)
             for r in reqs
         ]  # fmt: skip
         top_n = max((r.logprob.top_n for r in reqs if r.logprob), default=0)
@@ -349,6 +349,10 @@ class Scheduler:
             result = sample(logits, rows, bitmask, top_n, with_logprobs)
         now = time.monotonic()
         for i, req in enumerate(reqs):
+            if result.errors and i in result.errors:
+                req.finish = Finish.abort(ErrorCode.INVALID_REQUEST, result.errors[i])
+                self.outbox.append(token_out(req))
+                continue
             token = result.token_ids[i]
             req.first_token_time = req.first_token_time or now
             new_ids = self.grammars.advance(req, token)

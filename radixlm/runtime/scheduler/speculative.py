@@ -86,6 +86,7 @@ class NgramDrafter:
         plain step."""
         return (
             params.speculative
+            and params.custom_logit_processor is None
             and params.repetition_penalty == 1.0
             and params.frequency_penalty == 0.0
             and params.presence_penalty == 0.0
