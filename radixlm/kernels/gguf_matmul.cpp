@@ -3,11 +3,16 @@
 // A weight matrix [N, K] is N rows of K / QK blocks, each block the bytes ggml writes for QK
 // weights (QK 32 for Q4_0..Q8_0, 256 for the K-quants), decoded with the formulas of ggml's
 // dequantize_row_* (bit for bit), in groups of 32 codes (AVX2) or by a scalar loop:
-// - few activation rows (decode): the rows are rounded to int8 per 32 values as llama.cpp
-//   rounds its activations, and each weight block's codes are multiplied with them in integer
-//   (AVX2 maddubs), the weights read once for all rows; work is split over output rows;
+// - few activation rows (decode): each weight row's codes become floats in registers and meet
+//   the float32 activation rows in FMAs, the weights read once for all rows; work is split over
+//   output rows;
 // - many rows (prefill, big batches): tiles of weight rows are decoded to float and multiplied
-//   with at::mm by the same int8-rounded activations, the decode paid once per tile.
+//   with at::mm, the decode paid once per tile.
+// Both are the float product of the activations with the decoded weights, so a row's result
+// depends on its step's row count only by float32 rounding. (llama.cpp rounds activations to
+// int8 per 32 values for integer dots: a rounding that flips on a 1e-6 difference, so the same
+// row computed in a step of 1 and of 40 rows, or after a cached prefix, drifted by ~0.1 in its
+// logprobs and changed greedy text.)
 // AVX2 (and so AVX-512) CPUs take the vector code; others a plain loop over decoded rows.
 
 #include <ATen/ATen.h>
@@ -62,41 +67,6 @@ inline void scale_min_k4(int j, const uint8_t* q, int& d, int& m) {
     d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
     m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
   }
-}
-
-// Activation rows as llama.cpp's Q8_0 quantizes them for its dot products: per 32 values a
-// scale (the largest magnitude / 127) and int8 codes; plus the sum of each 16 quantized values
-// (scale times codes), so that a row's dot is exactly that of its quantized values.
-struct QuantizedRows {
-  std::vector<int8_t> codes;  // [rows, k]
-  std::vector<float> scales;  // [rows, k / 32]
-  std::vector<float> sums16;  // [rows, k / 16]
-};
-
-// (`dequantized`: also the quantized values as float32 [rows, k], for the float paths)
-inline QuantizedRows quantize_rows(const float* x, int64_t rows, int64_t k, float* dequantized) {
-  QuantizedRows q{std::vector<int8_t>(rows * k), std::vector<float>(rows * k / 32),
-                  std::vector<float>(rows * k / 16)};
-  at::parallel_for(0, rows * k / 32, 256, [&](int64_t begin, int64_t end) {
-  for (int64_t b = begin; b < end; ++b) {
-    const float* v = x + b * 32;
-    float amax = 0.f;
-    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::abs(v[j]));
-    const float d = amax / 127.f, inv = d > 0.f ? 1.f / d : 0.f;
-    int sums[2] = {0, 0};
-    for (int j = 0; j < 32; ++j) {
-      const int code = int(std::nearbyint(v[j] * inv));
-      q.codes[b * 32 + j] = int8_t(code);
-      sums[j / 16] += code;
-    }
-    q.scales[b] = d;
-    q.sums16[2 * b] = d * float(sums[0]);
-    q.sums16[2 * b + 1] = d * float(sums[1]);
-    if (dequantized != nullptr)
-      for (int j = 0; j < 32; ++j) dequantized[b * 32 + j] = d * float(q.codes[b * 32 + j]);
-  }
-  });
-  return q;
 }
 
 #if defined(__AVX2__)
@@ -211,36 +181,113 @@ inline void decode_avx2(const uint8_t* b, float* __restrict y) {
   });
 }
 
-// res[m] = row . x[m] for `rows` activation rows (kRows: their number, 0 when not fixed):
-// sum_j (s (q_j - sub) + m) x_j is s * sum_j q_j x_j (integer products of the weight codes
-// and the rows' int8 codes, scaled by both) + (m - s sub) * sum_j x_j (QuantizedRows' sums).
+// res[m] = row . x[m] for `rows` float32 activation rows (kRows: their number, 0 when not
+// fixed): per group of 32 codes q (weights s (q - sub) + m), s_lo times the sum of (q - sub) x
+// over its first 16, s_hi times that over the rest, plus m times the sum of x (`xsums`, per 32
+// values of each row).
 template <int64_t T, int kRows>
-inline void dot_avx2(const uint8_t* row, int64_t k, const QuantizedRows& xq, int rows,
+inline void dot_avx2(const uint8_t* row, int64_t k, const float* x, const float* xsums, int rows,
                      float* res) {
   constexpr int64_t QK = (T == Q4_K || T == Q5_K || T == Q6_K) ? 256 : 32;
   const int64_t bytes = format_of(T).bytes;
   const int n = kRows > 0 ? kRows : rows;
-  const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[8];
   float fixed[8];
   for (int m = 0; m < n; ++m) acc[m] = _mm256_setzero_ps(), fixed[m] = 0.f;
   for (int64_t i = 0; i < k / QK; ++i) {
     groups_avx2<T>(row + i * bytes, [&](__m256i q, int sub, float s_lo, float s_hi, float mm, int j) {
       const int64_t base = i * QK + j;
-      const float a_lo = mm - s_lo * float(sub), a_hi = mm - s_hi * float(sub);
-      // NOTE: Q8_0's codes are signed: |q| times x with q's sign (maddubs takes u8 x s8)
-      const __m256i u = T == Q8_0 ? _mm256_sign_epi8(q, q) : q;
+      __m256 w[4];
+      code_floats<T>(q, w);
+      if (sub != 0) {
+        const __m256 offset = _mm256_set1_ps(float(sub));
+        for (int e = 0; e < 4; ++e) w[e] = _mm256_sub_ps(w[e], offset);
+      }
+      const __m256 lo_scale = _mm256_set1_ps(s_lo), hi_scale = _mm256_set1_ps(s_hi);
       for (int m = 0; m < n; ++m) {
-        __m256i xs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq.codes.data() + m * k + base));
-        if constexpr (T == Q8_0) xs = _mm256_sign_epi8(xs, q);
-        const __m256i dots = _mm256_madd_epi16(_mm256_maddubs_epi16(u, xs), ones);
-        const float dx = xq.scales[(m * k + base) / 32];
-        const __m256 scale = _mm256_set_m128(_mm_set1_ps(s_hi * dx), _mm_set1_ps(s_lo * dx));
-        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), scale, acc[m]);
-        const float* sm = xq.sums16.data() + (m * k + base) / 16;
-        fixed[m] += a_lo * sm[0] + a_hi * sm[1];
+        const float* xs = x + m * k + base;
+        __m256 lo = _mm256_mul_ps(w[0], _mm256_loadu_ps(xs));
+        lo = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xs + 8), lo);
+        __m256 hi = _mm256_mul_ps(w[2], _mm256_loadu_ps(xs + 16));
+        hi = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xs + 24), hi);
+        acc[m] = _mm256_fmadd_ps(hi, hi_scale, _mm256_fmadd_ps(lo, lo_scale, acc[m]));
+        if (mm != 0.f) fixed[m] += mm * xsums[(m * k + base) / 32];
       }
     });
+  }
+  for (int m = 0; m < n; ++m) {
+    const __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc[m]), _mm256_extractf128_ps(acc[m], 1));
+    const __m128 p = _mm_add_ps(v, _mm_movehl_ps(v, v));
+    res[m] = _mm_cvtss_f32(_mm_add_ss(p, _mm_shuffle_ps(p, p, 1))) + fixed[m];
+  }
+}
+
+// dot_avx2 for the packed-nibble formats (Q4_0, Q4_1, Q4_K) and Q8_0, without groups_avx2's
+// byte shuffles: 8 bytes widened to 8 int32 lanes give 8 weights in their low nibbles and the
+// 8 weights 16 (32 for Q4_K) further in their high ones, one shuffle for 16 weights (Q8_0:
+// 8 signed codes a shuffle).
+template <int64_t T, int kRows>
+inline void dot_nibbles_avx2(const uint8_t* row, int64_t k, const float* x, const float* xsums,
+                             int rows, float* res) {
+  constexpr int64_t QK = T == Q4_K ? 256 : 32;
+  const int64_t bytes = format_of(T).bytes;
+  const int n = kRows > 0 ? kRows : rows;
+  const __m256i low = _mm256_set1_epi32(0xF);
+  __m256 acc[8];
+  float fixed[8];
+  for (int m = 0; m < n; ++m) acc[m] = _mm256_setzero_ps(), fixed[m] = 0.f;
+  // 32 packed bytes at `q` (Q4_K) or 16 (Q4_0/1, `chunks` 2): low nibbles are the weights at
+  // `base`, high ones those `far` further, scaled by d_lo and d_hi; mins by m_lo and m_hi
+  auto run = [&](const uint8_t* q, int chunks, int64_t base, int64_t far, float d_lo, float d_hi,
+                 float m_lo, float m_hi) {
+    __m256 t_lo[8], t_hi[8];
+    for (int m = 0; m < n; ++m) t_lo[m] = _mm256_setzero_ps(), t_hi[m] = _mm256_setzero_ps();
+    for (int c = 0; c < chunks; ++c) {
+      const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * c)));
+      const __m256 lo = _mm256_cvtepi32_ps(_mm256_and_si256(b, low));
+      const __m256 hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
+      for (int m = 0; m < n; ++m) {
+        const float* xs = x + m * k + base + 8 * c;
+        t_lo[m] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(xs), t_lo[m]);
+        t_hi[m] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(xs + far), t_hi[m]);
+      }
+    }
+    const __m256 dl = _mm256_set1_ps(d_lo), dh = _mm256_set1_ps(d_hi);
+    for (int m = 0; m < n; ++m) {
+      acc[m] = _mm256_fmadd_ps(t_hi[m], dh, _mm256_fmadd_ps(t_lo[m], dl, acc[m]));
+      const float* sums = xsums + (m * k + base) / 32;
+      fixed[m] += T == Q4_K ? m_lo * sums[0] + m_hi * sums[far / 32] : m_lo * sums[0];
+    }
+  };
+  for (int64_t i = 0; i < k / QK; ++i) {
+    const uint8_t* b = row + i * bytes;
+    const float d = half(b);
+    if constexpr (T == Q8_0) {  // NOTE: signed codes, widened 8 at a time; no minimum
+      __m256 t[8];
+      for (int m = 0; m < n; ++m) t[m] = _mm256_setzero_ps();
+      for (int c = 0; c < 4; ++c) {
+        const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + 8 * c));
+        const __m256 w = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+        for (int m = 0; m < n; ++m)
+          t[m] = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + m * k + i * QK + 8 * c), t[m]);
+      }
+      const __m256 dv = _mm256_set1_ps(d);
+      for (int m = 0; m < n; ++m) acc[m] = _mm256_fmadd_ps(t[m], dv, acc[m]);
+    } else if constexpr (T == Q4_0) {
+      run(b + 2, 2, i * QK, 16, d, d, -8.f * d, 0.f);
+    } else if constexpr (T == Q4_1) {
+      run(b + 4, 2, i * QK, 16, d, d, half(b + 2), 0.f);
+    } else {
+      const float dmin = half(b + 2);
+      const uint8_t* ql = b + 16;
+      for (int j = 0, is = 0; j < 256; j += 64, is += 2, ql += 32) {
+        int sc, mn;
+        scale_min_k4(is, b + 4, sc, mn);
+        const float d1 = d * sc, m1 = dmin * mn;
+        scale_min_k4(is + 1, b + 4, sc, mn);
+        run(ql, 4, i * QK + j, 32, d1, d * sc, -m1, -dmin * mn);
+      }
+    }
   }
   for (int m = 0; m < n; ++m) {
     const __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc[m]), _mm256_extractf128_ps(acc[m], 1));
@@ -344,16 +391,25 @@ void decode_rows(const uint8_t* raw, int64_t row_bytes, int64_t rows, int64_t k,
 constexpr int64_t kFewRows = 8;
 
 template <int64_t T>
-void few_rows(const QuantizedRows& xq, const float* x, int64_t m_rows, int64_t k,
-              const uint8_t* raw, int64_t row_bytes, int64_t n_rows, float* out) {
+void few_rows(const float* x, int64_t m_rows, int64_t k, const uint8_t* raw, int64_t row_bytes,
+              int64_t n_rows, float* out) {
   constexpr int64_t QK = (T == Q4_K || T == Q5_K || T == Q6_K) ? 256 : 32;
   const int64_t bytes = format_of(T).bytes;
 #if defined(__AVX2__)
+  std::vector<float> xsums(m_rows * k / 32, 0.f);
+  for (int64_t b = 0; b < m_rows * k / 32; ++b)
+    for (int j = 0; j < 32; ++j) xsums[b] += x[b * 32 + j];
   at::parallel_for(0, n_rows, 8, [&](int64_t begin, int64_t end) {
     float res[kFewRows];
     for (int64_t n = begin; n < end; ++n) {
-      if (m_rows == 1) dot_avx2<T, 1>(raw + n * row_bytes, k, xq, 1, res);
-      else dot_avx2<T, 0>(raw + n * row_bytes, k, xq, int(m_rows), res);
+      const uint8_t* row = raw + n * row_bytes;
+      if constexpr (T == Q4_0 || T == Q4_1 || T == Q4_K || T == Q8_0) {
+        if (m_rows == 1) dot_nibbles_avx2<T, 1>(row, k, x, xsums.data(), 1, res);
+        else dot_nibbles_avx2<T, 0>(row, k, x, xsums.data(), int(m_rows), res);
+      } else {
+        if (m_rows == 1) dot_avx2<T, 1>(row, k, x, xsums.data(), 1, res);
+        else dot_avx2<T, 0>(row, k, x, xsums.data(), int(m_rows), res);
+      }
       for (int64_t m = 0; m < m_rows; ++m) out[m * n_rows + n] = res[m];
     }
   });
@@ -412,22 +468,16 @@ at::Tensor gguf_dequantize(const at::Tensor& raw, int64_t type, int64_t cols, at
   return dtype == at::kFloat ? out : out.to(dtype);
 }
 
-// x [M, K] @ w.T, w the raw blocks [N, row bytes] -> [M, N] in x's dtype.
-// x [M, K] @ w.T, w the raw blocks [N, row bytes] -> [M, N] in x's dtype. Every path takes
-// x's rows rounded to int8 per 32 values (llama.cpp's Q8_0 of its activations): the few-rows
-// dots need them, and the other paths use the same values, so a row's result does not depend
-// on how many rows share its step (a compiled step pads its rows; the eager one does not).
+// x [M, K] @ w.T, w the raw blocks [N, row bytes] -> [M, N] in x's dtype (float32 inside).
 at::Tensor gguf_matmul(const at::Tensor& x, const at::Tensor& raw, int64_t type) {
   TORCH_CHECK(x.dim() == 2, "gguf_matmul: x must be [M, K]");
   const int64_t m_rows = x.size(0), k = x.size(1), n_rows = raw.size(0);
   check_raw(raw, type, k);
   const auto xf = x.to(at::kFloat).contiguous();
-  auto xhat = at::empty_like(xf);
-  const QuantizedRows xq = quantize_rows(xf.data_ptr<float>(), m_rows, k, xhat.data_ptr<float>());
   auto out = at::empty({m_rows, n_rows}, x.options().dtype(at::kFloat));
   if (m_rows <= kFewRows) {
     dispatch(type, [&](auto t) {
-      few_rows<decltype(t)::value>(xq, xhat.data_ptr<float>(), m_rows, k, raw.data_ptr<uint8_t>(),
+      few_rows<decltype(t)::value>(xf.data_ptr<float>(), m_rows, k, raw.data_ptr<uint8_t>(),
                                    raw.size(1), n_rows, out.data_ptr<float>());
     });
   } else {
@@ -441,7 +491,7 @@ at::Tensor gguf_matmul(const at::Tensor& x, const at::Tensor& raw, int64_t type)
         decode_rows<decltype(t)::value>(raw.data_ptr<uint8_t>() + n0 * raw.size(1), raw.size(1),
                                         n, k, w.data_ptr<float>());
       });
-      out.narrow(1, n0, n).copy_(at::mm(xhat, w.t()));
+      out.narrow(1, n0, n).copy_(at::mm(xf, w.t()));
     }
   }
   return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());

@@ -189,7 +189,8 @@ class ServerArgs:
     # rest) and an int8 copy of the LM head for steps of <= 8 logit rows (models/quant_head.py);
     # gguf = a GGUF file's quantized tensors kept in their blocks on CPU, computed by the GGUF
     # kernels (models/gguf_quant.py); auto = int4 when a GGUF checkpoint is itself Q4_0/Q4_1
-    # and the engine runs bf16 on CPU, gguf for the other quantized GGUF files on CPU.
+    # and the engine runs bf16 on CPU, gguf for the other quantized GGUF files on CPU (Q4_0/Q4_1
+    # ones included when it runs float32).
     quantization: str = "auto"
     # NOTE: CPU, bf16: each weight held once, as the int4 copy of the layers and the int8 copy
     # of the head and tied embedding, used for every step (prefill included, ~2.5x slower

@@ -51,7 +51,8 @@ HELP = {
     "skip_tokenizer_init": "load no tokenizer: prompts must be token ids, outputs are token ids",
     "quantization": "int4: int4 weight copies for CPU decode steps of <= 8 tokens and an int8 "
     "LM head for steps of <= 8 logit rows; gguf: a GGUF's quantized weights kept in their blocks "
-    "(CPU); auto: int4 for a Q4_0/Q4_1 GGUF in bf16 on CPU, gguf for other quantized GGUFs on CPU",
+    "(CPU); auto: int4 for a Q4_0/Q4_1 GGUF in bf16 on CPU, gguf for other quantized GGUFs on CPU "
+    "(and for Q4_0/Q4_1 ones in float32)",
     "tool_call_parser": "tool-call format of the model's output (default: from the chat template; "
     "hermes with the built-in tool prompt for templates without tool support)",
     "reasoning_parser": "split <think>...</think> into reasoning_content (qwen3, deepseek-r1)",

@@ -96,7 +96,7 @@ def _keep_gguf_blocks(model, args: ServerArgs, device, path: str, fmt: str, dtyp
         return set()
     reader = gguf_loader.open_gguf(path)
     if args.quantization == "auto":
-        if device.type != "cpu" or args.tp_size > 1 or not gguf_quant.worth_it(reader):
+        if device.type != "cpu" or args.tp_size > 1 or not gguf_quant.worth_it(reader, dtype):
             return set()
         if not cpu_ops.load():
             logger.warning("GGUF kernels unavailable: %s is dequantised at load", path)

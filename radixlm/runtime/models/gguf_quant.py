@@ -80,12 +80,14 @@ class GGUFEmbedding(nn.Module):
         return out.reshape(*ids.shape, self.dim)
 
 
-def worth_it(reader) -> bool:
+def worth_it(reader, dtype: torch.dtype) -> bool:
     """Whether ``quantization='auto'`` keeps this file's blocks: most decoder-layer matrices
-    are of a kernel type other than Q4_0/Q4_1 (those have the int4 path, models/quant.py)."""
+    are of a kernel type, other than Q4_0/Q4_1 in bfloat16 (those have the int4 path,
+    models/quant.py, which runs in bfloat16 only)."""
     kinds = [t.tensor_type.name for t in reader.tensors
              if t.name.startswith("blk.") and len(t.shape) == 2]  # fmt: skip
-    native = sum(k in KERNEL_TYPES and k not in ("Q4_0", "Q4_1") for k in kinds)
+    int4_path = ("Q4_0", "Q4_1") if dtype == torch.bfloat16 else ()
+    native = sum(k in KERNEL_TYPES and k not in int4_path for k in kinds)
     return bool(kinds) and 2 * native > len(kinds)
 
 

@@ -18,9 +18,10 @@ from __future__ import annotations
 import json
 from abc import ABC, abstractmethod
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch  # NOTE: only the scheduler runs processors; the server checks the string
 
 MAX_PROCESSOR_CHARS = 1 << 20  # NOTE: a class, not a model: 1 MiB of hex is ample
 
@@ -80,6 +81,8 @@ def load_processor(text: str) -> CustomLogitProcessor:
 def apply_processors(logits: torch.Tensor, rows: list[Any]) -> tuple[torch.Tensor, dict[int, str]]:
     """``logits`` with each row group's processor applied; a processor that fails (or returns
     the wrong shape) leaves its rows as they were and names the error, by row."""
+    import torch
+
     groups: dict[str, list[int]] = {}
     for i, row in enumerate(rows):
         if row.params.custom_logit_processor is not None:
