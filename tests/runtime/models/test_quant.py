@@ -107,6 +107,7 @@ def test_quantization_is_validated(tiny_llama):
 
 def test_auto_follows_a_four_bit_gguf(smollm_path):
     from radixlm.runtime.executor.model_runner import ModelRunner
+    from radixlm.runtime.models.gguf_quant import bytes_by_type
     from radixlm.runtime.messages import GenerateReq, Sampling
     from radixlm.runtime.scheduler.scheduler import Scheduler
 
@@ -122,4 +123,8 @@ def test_auto_follows_a_four_bit_gguf(smollm_path):
     # NOTE: every step here has <= 8 tokens (a 5-token prompt), so all of them run int4.
     assert tok.decode(out) == " Paris.\n\nThe answer is:"
     assert not ModelRunner(ServerArgs(**base, dtype="bfloat16", quantization="none")).int4_decode
-    assert not ModelRunner(ServerArgs(**base, dtype="float32")).int4_decode
+    # NOTE: the int4 path is bf16's; in float32 auto keeps the file's Q4_1 blocks instead
+    runner = ModelRunner(ServerArgs(**base, dtype="float32"))
+    assert not runner.int4_decode and "Q4_1" in bytes_by_type(runner.model)
+    dense = ModelRunner(ServerArgs(**base, dtype="float32", quantization="none"))
+    assert set(bytes_by_type(dense.model)) == {"float32"}
