@@ -33,7 +33,7 @@ class ScoreInput:
             raise ValueError("label_token_ids must be a non-empty list of token ids")
         bad = next((t for t in labels if not 0 <= t < vocab_size), None)
         if bad is not None:
-            raise ValueError(f"label_token_ids: token id {bad} is out of vocabulary (vocab "
+            raise ValueError(f"label_token_ids: Token ID {bad} is out of vocabulary (vocab "
                              f"size: {vocab_size})")  # fmt: skip
         items = [self.items] if isinstance(self.items, str) else self.items
         if not isinstance(items, list) or not items:

@@ -193,10 +193,12 @@ class TokenizerManager:
             params = msgspec.structs.replace(params, max_new_tokens=0)  # NOTE: prefill only
         # NOTE: an implicit max_new_tokens is clamped to the room left; an explicit one must fit
         wanted = params.max_new_tokens if "max_new_tokens" in req.sampling else 1
-        if wanted > self.context_len:  # NOTE: SGLang's words; clients tell it from an overflow
+        if wanted > self.context_len:
+            # NOTE: SGLang's words, both its releases' (clients tell it from a prompt overflow)
             raise ValueError(
                 f"max_new_tokens is too large: {wanted}. This model supports at most "
-                f"{self.context_len} completion tokens, its maximum context length"
+                f"{self.context_len} completion tokens. Requested token count exceeds the "
+                f"model's maximum context length ({self.context_len} tokens)"
             )
         if len(ids) + wanted > self.context_len:
             # NOTE: with the phrases clients match on (SGLang's "Requested token count exceeds

@@ -38,7 +38,8 @@ class BodyLimitMiddleware:
         await self.app(scope, _replay(body, None, receive), send)
 
     async def _refuse(self, send: Send) -> None:
-        message = f"the request body exceeds max_request_bytes ({self.max_bytes} bytes)"
+        message = (f"Payload Too Large: the request body exceeds max_request_bytes "
+                   f"({self.max_bytes} bytes)")  # fmt: skip
         payload = json.dumps(error_body(413, message, None, "request_too_large")).encode()
         headers = [(b"content-type", b"application/json"),
                    (b"content-length", str(len(payload)).encode())]

@@ -107,6 +107,7 @@ CHOICES = {"dtype": DTYPES, "load_format": LOAD_FORMATS, "schedule_policy": SCHE
            "tool_call_parser": sorted(TOOL_PARSERS),
            "reasoning_parser": sorted(REASONING_PARSERS),
            "speculative_algorithm": ["ngram"]}  # fmt: skip
+ALIASES = {"max_request_bytes": ("--max-payload-size",)}  # NOTE: SGLang's names of our flags
 
 
 def build_parser(prog: str = "radixlm serve") -> argparse.ArgumentParser:
@@ -119,19 +120,19 @@ def build_parser(prog: str = "radixlm serve") -> argparse.ArgumentParser:
     parser.add_argument("--api-key-file", help="a file whose first line is the API key")
     defaults = ServerArgs()
     for f in dataclasses.fields(ServerArgs):
-        flag = "--" + f.name.replace("_", "-")
+        flags = ["--" + f.name.replace("_", "-"), *ALIASES.get(f.name, ())]
         kind = str(f.type)
         if kind == "bool":
-            parser.add_argument(flag, action="store_true", default=getattr(defaults, f.name),
+            parser.add_argument(*flags, action="store_true", default=getattr(defaults, f.name),
                                 help=HELP.get(f.name))  # fmt: skip
             continue
         if kind.startswith("tuple"):
-            parser.add_argument(flag, nargs="*", default=getattr(defaults, f.name),
+            parser.add_argument(*flags, nargs="*", default=getattr(defaults, f.name),
                                 help=HELP.get(f.name))  # fmt: skip
             continue
         parse = int if "int" in kind else float if "float" in kind else str
         parser.add_argument(
-            flag, type=parse, default=getattr(defaults, f.name), choices=CHOICES.get(f.name),
+            *flags, type=parse, default=getattr(defaults, f.name), choices=CHOICES.get(f.name),
             help=HELP.get(f.name),
         )
     return parser

@@ -6,10 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
 
 from radixlm.runtime.scoring import ScoreInput
 from radixlm.server import openai_format as fmt
-from radixlm.server.errors import ERROR_RESPONSES, APIError
+from radixlm.server.errors import ERROR_RESPONSES, error_body
 from radixlm.server.lenient import check_fields
 from radixlm.server.protocol import ScoreRequest
 from radixlm.server.state import server_state, tenant_salt
@@ -19,9 +20,10 @@ router = APIRouter(tags=["scoring"], responses=ERROR_RESPONSES)
 
 
 @router.post("/v1/score")
-async def score(body: ScoreRequest, request: Request) -> dict[str, Any]:
+async def score(body: ScoreRequest, request: Request) -> Any:
     """``{"scores": [[p per label] per item], "usage": ...}``; a label id outside the
-    vocabulary is a 400."""
+    vocabulary is a 400 whose body has SGLang's fields (``type`` ``BadRequestError``,
+    ``message``) beside OpenAI's ``error``."""
     check_fields(request, body)
     state = server_state(request)
     try:
@@ -31,7 +33,10 @@ async def score(body: ScoreRequest, request: Request) -> dict[str, Any]:
         reqs = obj.generate_input(state.runtime.backend.info["vocab_size"]).split()
         results = await race_disconnect(request, collect(state.runtime, reqs))
     except ValueError as e:
-        raise APIError(400, *fmt.openai_message(str(e))) from None
+        message, param, code = fmt.openai_message(str(e))
+        sglang = {"object": "error", "message": message, "type": "BadRequestError",
+                  "param": param, "code": 400}  # fmt: skip
+        return JSONResponse({**error_body(400, message, param, code), **sglang}, 400)
     prompt_tokens = sum(r["meta_info"]["prompt_tokens"] for r in results)
     return {
         "object": "scoring",

@@ -59,7 +59,7 @@ def test_text_scores_tokenize_query_and_item_together(tiny_engine, hf_next):
 def test_bad_scoring_input_is_a_value_error_naming_the_field(tiny_engine):
     vocab = tiny_engine.info["vocab_size"]
     cases = [
-        (("q", ["a"], [vocab]), "label_token_ids: token id"),
+        (("q", ["a"], [vocab]), "label_token_ids: Token ID"),
         (("q", ["a"], []), "label_token_ids must be a non-empty"),
         (("q", [[1, 2]], [1]), "both be text or both be token ids"),
         (([1, 2], ["a"], [1]), "both be text or both be token ids"),

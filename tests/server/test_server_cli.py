@@ -28,8 +28,10 @@ def test_sglang_flags_are_taken():
     args = parse_args([
         "--chunked-prefill-size", "-1", "--attention-backend", "torch_native", "--enable-metrics",
         "--is-embedding", "--incremental-streaming-output",
-        "--json-model-override-args", '{"rope_theta": 500000.0}',
+        "--json-model-override-args", '{"rope_theta": 500000.0}', "--max-payload-size", "1024",
+        "--tool-call-parser", "qwen25",
     ])
+    assert args.max_request_bytes == 1024 and args.tool_call_parser == "qwen25"
     assert args.chunked_prefill_size is None and args.attention_backend == "torch"
     assert args.is_embedding and args.incremental_streaming_output
     assert args.model_overrides == {"rope_theta": 500000.0}

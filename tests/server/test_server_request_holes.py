@@ -118,6 +118,7 @@ def test_oversized_bodies_are_413_before_parsing(tiny_client):
     huge = b'{"text": "' + b"a" * (9 * 1024 * 1024) + b'"}'
     r = tiny_client.post("/generate", content=huge)
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+    assert r.json()["error"]["message"].startswith("Payload Too Large")  # NOTE: SGLang's words
 
     def chunks():  # no Content-Length: refused while it is read
         for _ in range(10):

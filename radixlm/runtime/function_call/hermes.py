@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from radixlm.runtime.constrained.specs import escape_literal
-from radixlm.runtime.function_call.base import register_tool_parser
+from radixlm.runtime.function_call.base import TOOL_PARSERS, register_tool_parser
 from radixlm.runtime.function_call.json_calls import call_from_text, json_call_regex
 from radixlm.runtime.function_call.scanning import (
     NEED_MORE,
@@ -55,6 +55,10 @@ class HermesParser(ScanningToolParser):
         sep = escape_literal(self.separator).replace("\n", "\\n")
         sep = f"(?:{sep})?" if sep else ""
         return f"(?:{block}{sep})+"
+
+
+# NOTE: SGLang's names of this format (its qwen25 parser, renamed qwen)
+TOOL_PARSERS["qwen25"] = TOOL_PARSERS["qwen"] = HermesParser
 
 
 @register_tool_parser("builtin")

@@ -20,6 +20,18 @@ from radixlm.runtime.function_call.base import ToolParser
 
 _NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 _EMPTY_OBJECT = {"type": "object", "properties": {}}
+# NOTE: type names that tool schemas written from code or databases use, as SGLang maps them
+_TYPE_ALIASES = {
+    **dict.fromkeys(("str", "text", "varchar", "char", "uuid", "date", "datetime", "time",
+                     "timestamp", "bytes"), "string"),
+    **dict.fromkeys(("int", "long", "short", "bigint", "smallint", "tinyint", "uint"), "integer"),
+    **dict.fromkeys(("float", "double", "decimal", "real", "numeric", "num"), "number"),
+    "bool": "boolean", "list": "array", "tuple": "array", "set": "array", "dict": "object",
+    "map": "object",
+}  # fmt: skip
+_SIZED_TYPE = re.compile(r"(u?int|float)\d+|(varchar|char|decimal|numeric)\(.*\)")
+_DATA_KEYS = frozenset(("enum", "const", "default", "examples", "description", "title"))
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 
 
 @dataclass(frozen=True)
@@ -55,13 +67,48 @@ def check_tools(tools: list[dict[str, Any]], whitespace: str = "") -> list[ToolS
         if name in seen:
             raise ValueError(f"{where}.function.name {name!r} is defined twice")
         seen.add(name)
-        params = fn.get("parameters") or _EMPTY_OBJECT
+        params = standard_types(fn.get("parameters") or _EMPTY_OBJECT)
         try:
             arguments_regex(params, whitespace)
         except ValueError as e:
             raise ValueError(f"{where}.function.parameters: {e}") from None
         specs.append(ToolSpec(name, fn.get("description"), params, bool(fn.get("strict"))))
     return specs
+
+
+def standard_types(schema: Any) -> Any:
+    """``schema`` with common non-JSON-Schema type names (``int``, ``str``, ``float64``,
+    ``varchar(255)``, ...) replaced by JSON Schema's, in a copy; the model's prompt and the
+    grammar both see the standard names. Unknown names are kept (the grammar refuses them)."""
+    if isinstance(schema, list):
+        return [standard_types(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key in _SCHEMA_MAPS and isinstance(value, dict):  # NOTE: names -> schemas
+            out[key] = {name: standard_types(s) for name, s in value.items()}
+        else:
+            out[key] = value if key in _DATA_KEYS else standard_types(value)
+    kind = schema.get("type")
+    if isinstance(kind, str):
+        out["type"] = _standard_type(kind)
+    elif isinstance(kind, list):
+        out["type"] = list(dict.fromkeys(_standard_type(k) if isinstance(k, str) else k
+                                         for k in kind))  # fmt: skip
+    return out
+
+
+def _standard_type(name: str) -> str:
+    low = name.strip().lower()
+    if low in _TYPE_ALIASES:
+        return _TYPE_ALIASES[low]
+    sized = _SIZED_TYPE.fullmatch(low)
+    if sized:
+        base = sized.group(1) or sized.group(2)
+        return {"uint": "integer", "int": "integer", "float": "number", "decimal": "number",
+                "numeric": "number"}.get(base, "string")  # fmt: skip
+    return name
 
 
 def named_tool(tools: list[ToolSpec], name: str) -> ToolSpec:

@@ -269,3 +269,27 @@ def test_unknown_parser_names_the_option() -> None:
 )
 def test_detect_tool_parser(template: str | None, name: str) -> None:
     assert detect_tool_parser(template) == name
+
+
+def test_tool_schemas_with_code_type_names_become_json_schema():
+    """SGLang accepts tools written from code or databases (``int``, ``varchar(64)``); their
+    schemas reach the prompt and the grammar with JSON Schema's names."""
+    from radixlm.runtime.function_call import get_tool_parser
+    from radixlm.runtime.function_call.toolset import check_tools
+
+    params = {"type": "object", "properties": {
+        "n": {"type": "int"}, "name": {"type": "varchar(64)"},
+        "ratio": {"type": ["float64", "null"]},
+        "flags": {"type": "list", "items": {"type": "bool"}},
+        "description": {"type": "str", "enum": ["int", "str"]},  # NOTE: a property so named
+    }, "required": ["n"]}  # fmt: skip
+    tool = check_tools([{"type": "function", "function": {"name": "f", "parameters": params}}])[0]
+    props = tool.parameters["properties"]
+    assert props["n"] == {"type": "integer"} and props["name"] == {"type": "string"}
+    assert props["ratio"] == {"type": ["number", "null"]}
+    assert props["flags"] == {"type": "array", "items": {"type": "boolean"}}
+    assert props["description"] == {"type": "string", "enum": ["int", "str"]}
+    assert get_tool_parser("qwen25").name == get_tool_parser("hermes").name == "hermes"
+    with pytest.raises(ValueError, match=r"tools\[0\].function.parameters"):
+        check_tools([{"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"x": {"type": "foo"}}}}}])

@@ -107,8 +107,8 @@ def test_quantization_is_validated(tiny_llama):
 
 def test_auto_follows_a_four_bit_gguf(smollm_path):
     from radixlm.runtime.executor.model_runner import ModelRunner
-    from radixlm.runtime.models.gguf_quant import bytes_by_type
     from radixlm.runtime.messages import GenerateReq, Sampling
+    from radixlm.runtime.models.gguf_quant import bytes_by_type
     from radixlm.runtime.scheduler.scheduler import Scheduler
 
     base = dict(device="cpu", max_total_tokens=256)
