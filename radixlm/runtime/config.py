@@ -251,8 +251,10 @@ class ServerArgs:
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     log_level: str = "info"
-    # NOTE: SGLang's: /metrics is always served, so this only keeps its command lines working
+    # NOTE: SGLang's: /metrics is always served and usage always reports cached tokens
+    # (prompt_tokens_details), so these only keep its command lines working
     enable_metrics: bool = False
+    enable_cache_report: bool = False
     # NOTE: SGLang's: /generate stream frames carry only the new text and ids, not all so far
     incremental_streaming_output: bool = False
     # NOTE: SGLang's: run requests' custom_logit_processor (a client's pickled code: trusted

@@ -95,6 +95,8 @@ HELP = {
     "enable_custom_logit_processor": "run the CustomLogitProcessor a request sends (SGLang's "
     "custom_logit_processor: the client's own pickled Python code; trusted clients only)",
     "enable_metrics": "accepted for SGLang's command lines: /metrics is always served",
+    "enable_cache_report": "accepted for SGLang's command lines: usage always reports "
+    "prompt_tokens_details.cached_tokens",
     "incremental_streaming_output": "/generate stream frames carry only the new text and "
     "output_ids (default: everything so far, as SGLang)",
     "num_threads": "torch threads of the scheduler and of each tensor-parallel rank (default: "
