@@ -390,6 +390,20 @@ void decode_rows(const uint8_t* raw, int64_t row_bytes, int64_t rows, int64_t k,
 // out[m, n] = sum_k x[m, k] w[n, k] for M <= kFewRows rows of float32 x.
 constexpr int64_t kFewRows = 8;
 
+template <typename F>
+inline void with_rows(int64_t rows, F&& f) {
+  switch (rows) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 7: return f(std::integral_constant<int, 7>{});
+    default: return f(std::integral_constant<int, 8>{});
+  }
+}
+
 template <int64_t T>
 void few_rows(const float* x, int64_t m_rows, int64_t k, const uint8_t* raw, int64_t row_bytes,
               int64_t n_rows, float* out) {
@@ -403,13 +417,14 @@ void few_rows(const float* x, int64_t m_rows, int64_t k, const uint8_t* raw, int
     float res[kFewRows];
     for (int64_t n = begin; n < end; ++n) {
       const uint8_t* row = raw + n * row_bytes;
-      if constexpr (T == Q4_0 || T == Q4_1 || T == Q4_K || T == Q8_0) {
-        if (m_rows == 1) dot_nibbles_avx2<T, 1>(row, k, x, xsums.data(), 1, res);
-        else dot_nibbles_avx2<T, 0>(row, k, x, xsums.data(), int(m_rows), res);
-      } else {
-        if (m_rows == 1) dot_avx2<T, 1>(row, k, x, xsums.data(), 1, res);
-        else dot_avx2<T, 0>(row, k, x, xsums.data(), int(m_rows), res);
-      }
+      // NOTE: the row count fixed at compile time keeps each row's accumulators in registers
+      with_rows(m_rows, [&](auto rows) {
+        constexpr int kRows = decltype(rows)::value;
+        if constexpr (T == Q4_0 || T == Q4_1 || T == Q4_K || T == Q8_0)
+          dot_nibbles_avx2<T, kRows>(row, k, x, xsums.data(), kRows, res);
+        else
+          dot_avx2<T, kRows>(row, k, x, xsums.data(), kRows, res);
+      });
       for (int64_t m = 0; m < m_rows; ++m) out[m * n_rows + n] = res[m];
     }
   });
