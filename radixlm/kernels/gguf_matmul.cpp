@@ -400,7 +400,8 @@ inline void with_rows(int64_t rows, F&& f) {
     case 5: return f(std::integral_constant<int, 5>{});
     case 6: return f(std::integral_constant<int, 6>{});
     case 7: return f(std::integral_constant<int, 7>{});
-    default: return f(std::integral_constant<int, 8>{});
+    case 8: return f(std::integral_constant<int, 8>{});
+    default: TORCH_CHECK(false, "gguf kernels: ", rows, " rows is not a few-rows step");
   }
 }
 
@@ -490,7 +491,8 @@ at::Tensor gguf_matmul(const at::Tensor& x, const at::Tensor& raw, int64_t type)
   check_raw(raw, type, k);
   const auto xf = x.to(at::kFloat).contiguous();
   auto out = at::empty({m_rows, n_rows}, x.options().dtype(at::kFloat));
-  if (m_rows <= kFewRows) {
+  if (m_rows == 0) {  // NOTE: e.g. the head of a step whose prompt chunk needs no logits
+  } else if (m_rows <= kFewRows) {
     dispatch(type, [&](auto t) {
       few_rows<decltype(t)::value>(xf.data_ptr<float>(), m_rows, k, raw.data_ptr<uint8_t>(),
                                    raw.size(1), n_rows, out.data_ptr<float>());

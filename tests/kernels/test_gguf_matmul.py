@@ -95,6 +95,12 @@ def test_few_rows_are_the_same_product_as_many(kind, rows):
     torch.testing.assert_close(few.double(), exact, atol=2e-5, rtol=1e-5)
 
 
+def test_no_rows_give_no_rows():
+    raw = torch.from_numpy(random_blocks("Q4_1", 8, 256))
+    out = torch.ops.radixlm_cpu.gguf_matmul(torch.randn(0, 256), raw, kind_id("Q4_1"))
+    assert out.shape == (0, 8)
+
+
 def test_wrong_row_bytes_and_types_are_refused():
     raw = torch.from_numpy(random_blocks("Q4_K", 4, 256))
     with pytest.raises(RuntimeError, match="do not hold"):
