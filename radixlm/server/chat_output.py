@@ -20,7 +20,8 @@ def call_id() -> str:
 def chat_message(plan: ChatPlan, text: str) -> tuple[dict[str, Any], bool]:
     """The ``message`` of a finished choice, and whether it holds tool calls."""
     reasoning, content = (None, text) if plan.reasoning is None else plan.reasoning.split(text)
-    message: dict[str, Any] = {"role": "assistant", "content": content}
+    # NOTE: reasoning_content always present (null without reasoning), as SGLang answers
+    message: dict[str, Any] = {"role": "assistant", "content": content, "reasoning_content": None}
     if reasoning is not None:
         message["reasoning_content"] = message["reasoning"] = reasoning
     if plan.parser is None:

@@ -280,7 +280,8 @@ async def _chat_frames(call: Call) -> AsyncIterator[str]:
         text, lp_start, first = progress.advance(i, chunk)
         meta = chunk["meta_info"]
         if first:
-            role = {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None}
+            delta = {"role": "assistant", "content": "", "reasoning_content": None}
+            role = {"index": i, "delta": delta, "logprobs": None}
             yield sse(_chunk(call, obj, {**role, "finish_reason": None}, progress, opening=i))
         if progress.idle(i, text, lp_start, meta):
             continue

@@ -41,12 +41,15 @@ def test_context_length_message_reads_as_sglangs(tiny_client):
     assert error["code"] == "context_length_exceeded"
 
 
-def test_every_streamed_chat_delta_has_reasoning_content(tiny_client):
+def test_every_chat_message_and_delta_has_reasoning_content(tiny_client):
     with tiny_client.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as r:
         frames = [json.loads(x[6:]) for x in r.iter_lines() if x.startswith("data: {")]
-    deltas = [c["delta"] for f in frames for c in f["choices"]][1:]  # after the role chunk
-    assert deltas and all("reasoning_content" in d for d in deltas)
+    deltas = [c["delta"] for f in frames for c in f["choices"]]  # the role chunk's too
+    assert deltas[0]["role"] == "assistant" and len(deltas) > 1
+    assert all("reasoning_content" in d for d in deltas)
     assert all(d["reasoning_content"] is None for d in deltas)  # the tiny model has no parser
+    message = tiny_client.post("/v1/chat/completions", json=CHAT).json()["choices"][0]["message"]
+    assert "reasoning_content" in message and message["reasoning_content"] is None
 
 
 def test_image_parts_are_refused_by_name(tiny_client):

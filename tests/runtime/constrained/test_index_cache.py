@@ -28,9 +28,10 @@ def test_a_slow_build_is_read_back_by_a_new_pool_without_a_worker(tmp_path):
     finally:
         first.shutdown()
     second = CompilePool(tiny_vocabulary(), PoolLimits(workers=1), disk_cache=str(tmp_path))
+    before = worker_pids()  # NOTE: other tests' pools may keep idle workers in this process
     try:
         read = second.build(REGEX, time.monotonic() + 10)
-        assert not worker_pids()  # NOTE: no worker was started for it
+        assert worker_pids() <= before  # NOTE: no worker was started for it
     finally:
         second.shutdown()
     assert read.get_transitions() == built.get_transitions()
