@@ -66,16 +66,21 @@ def check_processor_text(text: object) -> str:
     return text
 
 
-@lru_cache(maxsize=64)
 def load_processor(text: str) -> CustomLogitProcessor:
-    """An instance of the class ``text`` holds (each distinct string is unpickled once)."""
+    """A new instance of the class ``text`` holds (as SGLang, one per use: no state carries
+    over from step to step)."""
+    processor = _processor_class(text)()
+    if not callable(processor):
+        raise ValueError(f"custom_logit_processor: {type(processor)!r} instances are not callable")
+    return processor
+
+
+@lru_cache(maxsize=64)
+def _processor_class(text: str) -> type:
+    """The class ``text`` holds; each distinct string is unpickled once."""
     import dill
 
-    cls = dill.loads(bytes.fromhex(json.loads(text)["callable"]))
-    processor = cls()
-    if not callable(processor):
-        raise ValueError(f"custom_logit_processor: {cls!r} instances are not callable")
-    return processor
+    return dill.loads(bytes.fromhex(json.loads(text)["callable"]))
 
 
 def apply_processors(logits: torch.Tensor, rows: list[Any]) -> tuple[torch.Tensor, dict[int, str]]:
