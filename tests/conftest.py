@@ -190,3 +190,19 @@ def _kv_slots_freed(request):
     for name in ("smol_engine", "tiny_engine"):
         if name in request.fixturenames:
             assert_no_leak(request.getfixturevalue(name))
+
+
+def force_token_processor() -> str:
+    """A custom logit processor (``to_str()``) that forces each row's ``custom_params``
+    ``token_id``. Defined in a function, so dill pickles the class by value, as a script's
+    ``__main__`` classes, and the scheduler needs no module of the tests."""
+    from radixlm.runtime.sampling.custom_logit_processor import CustomLogitProcessor
+
+    class Force(CustomLogitProcessor):
+        def __call__(self, logits, custom_param_list=None):
+            for i, params in enumerate(custom_param_list):
+                logits[i, :] = -float("inf")
+                logits[i, params["token_id"]] = 0.0
+            return logits
+
+    return Force.to_str()

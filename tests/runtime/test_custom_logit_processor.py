@@ -7,21 +7,14 @@ import pytest
 
 from radixlm import Engine
 from radixlm.runtime.sampling.custom_logit_processor import CustomLogitProcessor
-from tests.conftest import assert_no_leak
+from tests.conftest import assert_no_leak, force_token_processor
 
 PROMPT = [11, 12, 13, 14]
 
 
 def _processors() -> dict[str, str]:
-    """Defined in a function, so dill pickles the classes by value (as a notebook's or a
-    script's ``__main__`` classes), and the scheduler needs no module of this test."""
-
-    class Force(CustomLogitProcessor):
-        def __call__(self, logits, custom_param_list=None):
-            for i, params in enumerate(custom_param_list):
-                logits[i, :] = -float("inf")
-                logits[i, params["token_id"]] = 0.0
-            return logits
+    """Defined in a function, so dill pickles the classes by value (see
+    ``force_token_processor``)."""
 
     class Count(CustomLogitProcessor):
         """The next token is 100 + the number of tokens so far (reads ``__req__``)."""
@@ -36,7 +29,7 @@ def _processors() -> dict[str, str]:
         def __call__(self, logits, custom_param_list=None):
             raise RuntimeError("boom")
 
-    return {"force": Force.to_str(), "count": Count.to_str(), "broken": Broken.to_str()}
+    return {"force": force_token_processor(), "count": Count.to_str(), "broken": Broken.to_str()}
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,8 @@ import openai
 import pytest
 from server_helpers import flush_and_check_no_leak, launch_server
 
+from tests.conftest import force_token_processor
+
 KEY = "s3cret-key"
 LONG = {"max_new_tokens": 1000, "ignore_eos": True}
 
@@ -111,21 +113,8 @@ def test_sglang_flags_take_effect(restricted):
         assert c.get("/metrics").status_code == 200
 
 
-def _force_processor() -> str:
-    from radixlm.runtime.sampling.custom_logit_processor import CustomLogitProcessor
-
-    class Force(CustomLogitProcessor):
-        def __call__(self, logits, custom_param_list=None):
-            for i, params in enumerate(custom_param_list):
-                logits[i, :] = -float("inf")
-                logits[i, params["token_id"]] = 0.0
-            return logits
-
-    return Force.to_str()
-
-
 def test_custom_logit_processors_over_http(restricted, tiny_client, smollm_tokenizer):
-    processor = _force_processor()
+    processor = force_token_processor()
     body = {"input_ids": [5, 6, 7], "custom_logit_processor": processor,
             "sampling_params": {"max_new_tokens": 3, "custom_params": {"token_id": 42}}}
     with restricted.client(headers={"Authorization": f"Bearer {KEY}"}) as c:
